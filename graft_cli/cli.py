@@ -1,0 +1,1 @@
+"""The ``graft`` command line (placeholder while the foundation lands)."""

@@ -1,0 +1,1 @@
+"""Retrievers, discovered through the ``graft.retrievers`` entry-point group (built-ins included)."""

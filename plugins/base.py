@@ -1,0 +1,53 @@
+"""The retriever interface: the whole contract between the engine and a source of retrieved tokens.
+
+A plugin is a factory ``make(env: RetrieverEnv) -> Retriever`` registered under the entry-point group
+``graft.retrievers``. The engine calls ``start`` once per request, ``retrieve`` before every verification and
+``observe`` after it. Retrievers return candidate continuations of the context as a :class:`Tree` whose node
+scores estimate the probability that the target accepts each path: the engine ranks nodes from every source by
+that score, so an honest estimate is what earns a retriever its share of the verification budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
+
+from graft_cli.tree import Tree
+
+if TYPE_CHECKING:  # torch stays out of this module so that plugins without torch import it cheaply
+    import torch
+
+
+@dataclass
+class RetrieverEnv:
+    """What a retriever may need to build itself."""
+
+    vocab_size: int
+    device: str = "cpu"
+    tokenizer: Any = None  # the target's Hugging Face tokenizer
+    options: dict[str, str] = field(default_factory=dict)  # e.g. {"datastore": "path"} from the command line
+
+
+@dataclass
+class Step:
+    """What one verification showed, for retrievers that learn from it."""
+
+    context: list[int]  # every token so far (prompt + generated); the last one is the next root
+    accepted: list[int]  # tokens this step appended (accepted path and bonus token)
+    tree: Tree  # the verified tree
+    root: int  # the root token the tree hung from
+    logits: "torch.Tensor | None" = None  # target logits [len(tree)+1, V], row 0 for the root
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    name: str
+
+    def start(self, prompt: Sequence[int]) -> None:
+        """A new request begins with these prompt tokens."""
+
+    def retrieve(self, context: Sequence[int], budget: int) -> Tree:
+        """At most ``budget`` scored candidate nodes continuing ``context`` (its last token is the root)."""
+
+    def observe(self, step: Step) -> None:
+        """Learn from a verification (accepted tokens, and optionally the target's logits)."""

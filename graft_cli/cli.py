@@ -1,1 +1,59 @@
-"""The ``graft`` command line (placeholder while the foundation lands)."""
+"""The ``graft`` command tree. Each command group lives in its own ``cli_*.py`` module; this one wires them up
+and turns every user error into one line on stderr with exit code 2 (``GRAFT_DEBUG=1`` shows the traceback)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+import typer
+
+from graft_cli.cli_bench import bench
+from graft_cli.cli_generate import generate
+from graft_cli.cli_index import index_app
+from graft_cli.cli_models import models_app
+from graft_cli.cli_plugins import plugins_app
+from graft_cli.errors import GraftError
+
+app = typer.Typer(
+    name="graft",
+    help="Lossless speculative decoding: draft less, retrieve more.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command()(generate)
+app.command()(bench)
+app.add_typer(index_app, name="index", help="Build and manage on-disk token datastores.")
+app.add_typer(models_app, name="models", help="The model catalog: list, pull, inspect and remove models.")
+app.add_typer(plugins_app, name="plugins", help="Retriever plugins discovered through entry points.")
+
+
+def fail(message: str, code: int = 2) -> None:
+    print(f"graft: error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point."""
+    debug = os.environ.get("GRAFT_DEBUG") == "1"
+    try:
+        app(args=argv, standalone_mode=False)
+    except click.exceptions.Exit as e:
+        raise SystemExit(e.exit_code)
+    except click.exceptions.Abort:
+        fail("interrupted", 130)
+    except click.UsageError as e:
+        if debug:
+            raise
+        fail(e.format_message().replace("\n", " "))
+    except GraftError as e:
+        if debug:
+            raise
+        fail(str(e))
+    except BrokenPipeError:  # e.g. `graft generate ... | head`
+        sys.stderr.close()
+        raise SystemExit(0)
+    except KeyboardInterrupt:
+        fail("interrupted", 130)

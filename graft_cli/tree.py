@@ -22,6 +22,7 @@ class Node:
     depth: int  # 1 for the root's children
     source: str  # "draft" or the name of the retriever that proposed it
     score: float
+    raw: float = float("nan")  # the source's own conditional estimate before calibration (NaN: not calibrated)
 
 
 class Tree:
@@ -34,7 +35,7 @@ class Tree:
     def __len__(self) -> int:
         return len(self.nodes)
 
-    def add(self, parent: int, token: int, source: str, score: float) -> int:
+    def add(self, parent: int, token: int, source: str, score: float, raw: float = float("nan")) -> int:
         """Add a child of ``parent`` (or merge into the existing sibling with the same token); return its index."""
         if parent != ROOT and not 0 <= parent < len(self.nodes):
             raise IndexError(f"parent {parent} is not in the tree")
@@ -45,10 +46,10 @@ class Tree:
         if found is not None:
             node = self.nodes[found]
             if score > node.score:
-                node.score, node.source = score, source
+                node.score, node.source, node.raw = score, source, raw
             return found
         depth = 1 if parent == ROOT else self.nodes[parent].depth + 1
-        self.nodes.append(Node(int(token), parent, depth, source, float(score)))
+        self.nodes.append(Node(int(token), parent, depth, source, float(score), raw))
         self._index[key] = len(self.nodes) - 1
         return len(self.nodes) - 1
 
@@ -71,19 +72,34 @@ class Tree:
         """Graft every node of ``other`` into this tree; shared prefixes continue under the existing nodes."""
         mapping = {ROOT: ROOT} if parent_map is None else dict(parent_map)
         for i, node in enumerate(other.nodes):
-            mapping[i] = self.add(mapping[node.parent], node.token, node.source, node.score)
+            mapping[i] = self.add(mapping[node.parent], node.token, node.source, node.score, node.raw)
+
+    def graft(self, other: Tree, budget: int) -> None:
+        """Add ``other``'s nodes best-first until this tree holds ``budget`` nodes; a path that begins like one
+        already here continues under it (merged nodes cost nothing)."""
+        mapping = {ROOT: ROOT}
+        for i in other.ranked():
+            node = other.nodes[i]
+            if node.parent not in mapping:  # its parent did not fit
+                continue
+            if len(self.nodes) >= budget and self.child(mapping[node.parent], node.token) is None:
+                continue
+            mapping[i] = self.add(mapping[node.parent], node.token, node.source, node.score, node.raw)
+
+    def ranked(self) -> list[int]:
+        """Node indices best first; a parent always precedes its children (scores never rise along a path)."""
+        return sorted(range(len(self.nodes)), key=lambda i: (-self.nodes[i].score, self.nodes[i].depth, i))
 
     def select(self, budget: int) -> Tree:
         """The best ``budget`` nodes by score, as a new prefix-closed tree (ties go to shallower nodes)."""
         if budget >= len(self.nodes):
             return self
-        order = sorted(range(len(self.nodes)), key=lambda i: (-self.nodes[i].score, self.nodes[i].depth, i))
-        keep = sorted(order[: max(budget, 0)])
+        keep = sorted(self.ranked()[: max(budget, 0)])
         new = Tree()
         mapping = {ROOT: ROOT}
         for i in keep:
             node = self.nodes[i]
-            mapping[i] = new.add(mapping[node.parent], node.token, node.source, node.score)
+            mapping[i] = new.add(mapping[node.parent], node.token, node.source, node.score, node.raw)
         return new
 
     # --- what verification needs -------------------------------------------------------------------------

@@ -30,13 +30,14 @@ class RetrieverEnv:
 
 @dataclass
 class Step:
-    """What one verification showed, for retrievers that learn from it."""
+    """What one target forward showed (the prefill, then each verification), for proposers that learn from it."""
 
     context: list[int]  # every token so far (prompt + generated); the last one is the next root
-    accepted: list[int]  # tokens this step appended (accepted path and bonus token)
-    tree: Tree  # the verified tree
-    root: int  # the root token the tree hung from
-    logits: "torch.Tensor | None" = None  # target logits [len(tree)+1, V], row 0 for the root
+    accepted: list[int]  # tokens this step appended (the accepted path and the bonus token)
+    tree: Tree  # the verified tree (empty for the prefill)
+    kept: list[int]  # rows of the fed block that joined the context (prefill: every prompt position)
+    logits: "torch.Tensor | None" = None  # target logits of the fed rows [T, V] (prefill: the last row only)
+    hidden: "tuple[torch.Tensor, ...] | None" = None  # per-layer hidden states [T, H], when a proposer asks
 
 
 @runtime_checkable

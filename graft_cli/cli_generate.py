@@ -1,0 +1,179 @@
+"""``graft generate``: text streams to stdout as it is accepted; stats and progress go to stderr."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Iterator, Optional
+
+import typer
+
+from graft_cli.errors import GraftError
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def generate(
+    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Prompt text."),
+    prompt_file: Optional[str] = typer.Option(None, "--prompt-file", "-f", help="Read the prompt from FILE ('-' = stdin)."),
+    jsonl: bool = typer.Option(False, "--jsonl", help="Input is JSONL: {id, prompt} or {id, messages} per line; output is JSONL."),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Catalog name, HF model directory or .gguf file."),
+    method: str = typer.Option("pld", "--method", help="ar, pld, ... (see docs/architecture.md)."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Draft model (catalog name or path) or eagle3:DIR."),
+    budget: Optional[int] = typer.Option(None, "--budget", help="Verified tree nodes per step (default: 16 on CPU, 60 on CUDA)."),
+    retrievers: Optional[str] = typer.Option(None, "--retrievers", help="Comma-separated retriever plugins."),
+    datastore: Optional[str] = typer.Option(None, "--datastore", help="Datastore name or path for store retrievers."),
+    retriever_opt: list[str] = typer.Option([], "--retriever-opt", help="KEY=VALUE option for retrievers (repeatable)."),
+    raw: bool = typer.Option(False, "--raw", help="Do not apply the chat template."),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", min=1),
+    temperature: float = typer.Option(0.0, "--temperature", "-t", min=0.0, help="0 = greedy."),
+    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
+    top_k: int = typer.Option(0, "--top-k", min=0),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Same seed, same text."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
+    stats: bool = typer.Option(False, "--stats", help="Print decoding statistics to stderr."),
+) -> None:
+    """Generate text from a prompt, losslessly faster."""
+    from graft_cli.loading import load_model
+    from graft_cli.methods import MethodConfig
+    from graft_cli.sampling import Sampling
+
+    try:
+        sampling = Sampling(temperature, top_k, top_p)
+    except ValueError as e:
+        raise GraftError(str(e)) from e
+    if prompt is not None and prompt_file is not None:
+        raise GraftError("give either --prompt or --prompt-file, not both")
+    if jsonl:
+        lines = _read_text(prompt_file or "-").splitlines()
+    else:
+        text = prompt if prompt is not None else _read_text(prompt_file) if prompt_file else None
+        if text is None:
+            raise GraftError("no prompt: give --prompt TEXT or --prompt-file FILE ('-' for stdin)")
+        if not text.strip():
+            raise GraftError("the prompt is empty")
+    options = _options(retriever_opt, datastore)
+    config = MethodConfig(method, budget, retrievers.split(",") if retrievers else None, options, draft)
+    loaded = load_model(model, device, dtype)
+    session = _Session(loaded, config, sampling, max_new_tokens, seed)
+    session.raw = raw
+    if not jsonl:
+        run = session.run(text, stream=True)
+        if stats:
+            print(f"graft: {run.summary()}", file=sys.stderr)
+        return
+    failed = 0
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = _parse_record(line, number)
+            run = session.run(record.get("messages") or record["prompt"], stream=False, raw=raw)
+        except GraftError as e:
+            print(f"graft: error: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        out = {"id": record.get("id"), "text": session.last_text, "stats": run.as_dict()}
+        print(json.dumps(out, ensure_ascii=False), flush=True)
+        if stats:
+            print(f"graft: {record.get('id')}: {run.summary()}", file=sys.stderr)
+    if failed:
+        raise GraftError(f"{failed} of the input lines failed (see above)")
+
+
+class _Session:
+    """One loaded model and method, reused across prompts (so retrievers and calibration stay warm)."""
+
+    def __init__(self, loaded, config, sampling, max_new_tokens: int, seed: int | None) -> None:
+        from graft_cli import methods
+        from graft_cli.loading import stop_ids
+        from graft_cli.target import Target
+
+        self.loaded, self.sampling, self.max_new_tokens = loaded, sampling, max_new_tokens
+        self.seed = seed if seed is not None else random.randrange(2**31)
+        self.target = Target(loaded.model)
+        self.proposer = methods.build(config, loaded)
+        self.stop = stop_ids(loaded)
+        self.raw = False
+        self.last_text = ""
+
+    def run(self, prompt, stream: bool, raw: bool | None = None):
+        import torch
+
+        from graft_cli.engine import decode
+        from graft_cli.loading import encode
+        from graft_cli.stats import Stats
+
+        ids = encode(self.loaded.tokenizer, prompt, self.raw if raw is None else raw)
+        generator = torch.Generator(device=self.target.device).manual_seed(self.seed)
+        stats = Stats()
+        text = _Detokenizer(self.loaded.tokenizer, self.stop)
+        steps = decode(self.target, self.proposer, ids, self.sampling, self.max_new_tokens, self.stop, generator, stats)
+        for piece in text.feed(steps):
+            if stream:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        if stream:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        self.last_text = text.text
+        return stats
+
+
+class _Detokenizer:
+    """Turns token steps into text pieces, holding back a piece while it ends inside a UTF-8 character."""
+
+    def __init__(self, tokenizer, stop: set[int]) -> None:
+        self.tokenizer, self.stop = tokenizer, stop
+        self.ids: list[int] = []
+        self.text = ""
+
+    def feed(self, steps: Iterator[list[int]]) -> Iterator[str]:
+        for new in steps:
+            self.ids.extend(t for t in new if t not in self.stop)
+            full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+            if full.endswith("\ufffd"):
+                continue
+            piece, self.text = full[len(self.text) :], full
+            if piece:
+                yield piece
+
+
+def _read_text(source: str) -> str:
+    try:
+        data = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
+    except FileNotFoundError:
+        raise GraftError(f"prompt file not found: {source}") from None
+    except OSError as e:
+        raise GraftError(f"cannot read {source}: {e.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise GraftError(f"{'stdin' if source == '-' else source} is not valid UTF-8 (byte {e.start})") from None
+
+
+def _parse_record(line: str, number: int) -> dict:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise GraftError(f"line {number}: invalid JSON ({e.msg})") from None
+    if not isinstance(record, dict) or not (isinstance(record.get("prompt"), str) or isinstance(record.get("messages"), list)):
+        raise GraftError(f'line {number}: expected an object with "prompt" (text) or "messages" (a list)')
+    if "prompt" in record and not record.get("messages") and not record["prompt"].strip():
+        raise GraftError(f"line {number}: the prompt is empty")
+    return record
+
+
+def _options(pairs: list[str], datastore: str | None) -> dict[str, str]:
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise GraftError(f"--retriever-opt expects KEY=VALUE, got '{pair}'")
+        options[key] = value
+    if datastore:
+        options["datastore"] = datastore
+    return options

@@ -1,0 +1,105 @@
+"""Loading a model and its tokenizer for generation: device and dtype choice, chat formatting, stop tokens.
+
+Nothing here reaches the network: models come from the local catalog or a local path.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # generation never touches the network
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch  # noqa: E402
+
+from graft_cli.errors import GraftError  # noqa: E402
+
+
+@dataclass
+class Loaded:
+    model: Any
+    tokenizer: Any
+    path: Path
+    spec: str  # what the user asked for (catalog name or path)
+
+    @property
+    def device(self) -> str:
+        return str(next(self.model.parameters()).device)
+
+
+def pick_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise GraftError("--device cuda was asked for but no CUDA device is available")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise GraftError(f"unknown device '{device}' (use auto, cpu or cuda)")
+    return device
+
+
+def pick_dtype(dtype: str, device: str) -> torch.dtype:
+    """fp32 on a CPU (bf16 is slower there), bf16 on a GPU that has it, else fp16."""
+    if dtype == "auto":
+        if device == "cpu":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in table:
+        raise GraftError(f"unknown dtype '{dtype}' (use auto, float32, bfloat16 or float16)")
+    return table[dtype]
+
+
+def load_model(spec: str, device: str = "auto", dtype: str = "auto") -> Loaded:
+    """A catalog name or a local path (HF directory or .gguf) to a ready model on ``device``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from graft_cli.catalog import resolve_model
+
+    device = pick_device(device)
+    torch_dtype = pick_dtype(dtype, device)
+    path = resolve_model(spec)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa")
+    except Exception as e:  # corrupt weights, missing files, unsupported architecture
+        raise GraftError(f"cannot load model from {path}: {_first_line(e)}") from e
+    model.to(device).eval()
+    return Loaded(model, tokenizer, Path(path), spec)
+
+
+def stop_ids(loaded: Loaded) -> set[int]:
+    """Tokens that end a generation: the generation config's EOS ids and the tokenizer's."""
+    ids: set[int] = set()
+    for source in (getattr(loaded.model, "generation_config", None), loaded.tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        if eos is not None:
+            ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
+    return ids
+
+
+def encode(tokenizer: Any, prompt: str | list[dict], raw: bool = False) -> list[int]:
+    """Prompt text or chat messages to token ids, through the chat template unless ``raw``."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise GraftError("the prompt is empty")
+        messages = [{"role": "user", "content": prompt}]
+    else:
+        messages = prompt
+        if not messages:
+            raise GraftError("the messages list is empty")
+    if raw or not getattr(tokenizer, "chat_template", None):
+        text = prompt if isinstance(prompt, str) else "\n".join(m.get("content", "") for m in messages)
+        return tokenizer.encode(text, add_special_tokens=True)
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as e:
+        raise GraftError(f"cannot apply the chat template: {_first_line(e)}") from e
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

@@ -1,0 +1,89 @@
+"""The target model and its KV cache: prefill, one-pass tree forward, and compaction to the accepted path.
+
+The cache always holds every accepted token except the newest one, the *root*: each step feeds the root plus the
+candidate tree, so the root's own logits (the distribution for depth 1) come out of the same forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from graft_cli.tree import Tree
+
+
+@dataclass
+class Forward:
+    logits: torch.Tensor  # [T, V] for the T fed positions
+    hidden: tuple[torch.Tensor, ...] | None  # per-layer hidden states [T, H] when asked for
+
+
+class Target:
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.cache = DynamicCache(config=model.config)
+        self.length = 0  # tokens held in the cache
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+        self.length = 0
+
+    @torch.inference_mode()
+    def prefill(self, ids: list[int], hidden: bool = False) -> Forward:
+        """Run the whole prompt once; only the last position's logits are kept (FlashAttention is fine here)."""
+        self.reset()
+        x = torch.tensor([ids], device=self.device)
+        out = self.model(
+            input_ids=x, cache=self.cache, use_cache=True, output_hidden_states=hidden, logits_to_keep=1
+        )
+        self.length = len(ids)
+        return self._forward(out, hidden)
+
+    @torch.inference_mode()
+    def verify(self, root: int, tree: Tree, hidden: bool = False) -> Forward:
+        """Feed the root and every tree node in one forward pass; each node sees the past and its ancestors."""
+        past = self.length
+        tokens = torch.tensor([[root] + tree.tokens()], device=self.device)
+        positions = torch.from_numpy(tree.depths()).to(self.device).unsqueeze(0) + past
+        mask = None
+        if len(tree):  # a lone root is plain causal decoding: no mask, exactly as `generate` runs it
+            allowed = torch.from_numpy(tree.ancestor_mask()).to(self.device)
+            block = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+            block.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+            prefix = torch.zeros((allowed.shape[0], past), dtype=self.dtype, device=self.device)
+            mask = torch.cat([prefix, block], dim=1)[None, None]
+        out = self.model(
+            input_ids=tokens,
+            position_ids=positions,
+            attention_mask=mask,
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=hidden,
+        )
+        self.length = past + tokens.shape[1]
+        return self._forward(out, hidden)
+
+    @torch.inference_mode()
+    def keep(self, rows: list[int], fed: int) -> None:
+        """Of the last ``fed`` cached positions keep only ``rows`` (0 = root, i = tree node i-1), in place.
+
+        Keys are stored already rotated, so moving accepted entries down leaves them valid.
+        """
+        past = self.length - fed
+        if rows != list(range(len(rows))):  # not a prefix of the fed block: move the accepted entries down
+            index = torch.tensor([past + r for r in rows], device=self.device)
+            for layer in self.cache.layers:
+                layer.keys[:, :, past : past + len(rows)] = layer.keys.index_select(2, index)
+                layer.values[:, :, past : past + len(rows)] = layer.values.index_select(2, index)
+        if fed > len(rows):
+            self.cache.crop(len(rows) - fed)
+        self.length = past + len(rows)
+
+    @staticmethod
+    def _forward(out, hidden: bool) -> Forward:
+        states = tuple(h[0] for h in out.hidden_states) if hidden else None
+        return Forward(out.logits[0], states)

@@ -1,0 +1,129 @@
+"""Speculative sampling keeps the target's distribution: exact joint probabilities of the first speculated
+tokens against thousands of samples, with a negative control that a biased verifier must fail."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import graft_cli.engine as engine
+from graft_cli.sampling import Sampling, pick, probabilities
+from graft_cli.target import Target
+from graft_cli.tree import ROOT, Tree
+from graft_cli.verify import Accepted, accept
+from tests.tiny import tiny_model
+
+V = 6
+PROMPT = [1, 4, 2]
+
+
+class FixedTreeProposer:
+    """Every step: three root children, each with two children; tokens drawn from its own RNG (proposals may
+    depend on anything but the target's random draws)."""
+
+    wants_hidden = False
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def start(self, prompt, prefill) -> None:
+        pass
+
+    def observe(self, step) -> None:
+        pass
+
+    def propose(self, context, stats) -> Tree:
+        tree = Tree()
+        for a in self.rng.choice(V, 3, replace=False):
+            node = tree.add(ROOT, int(a), "t", 0.5)
+            for b in self.rng.choice(V, 2, replace=False):
+                tree.add(node, int(b), "t", 0.4)
+        return tree
+
+
+def exact_joint(model, sampling: Sampling) -> dict[tuple[int, int], float]:
+    """P(second, third generated token), summed over the first (which the prefill samples)."""
+    dist = {}
+    with torch.no_grad():
+        p1 = probabilities(model(torch.tensor([PROMPT])).logits[0, -1], sampling)
+        for a in range(V):
+            p2 = probabilities(model(torch.tensor([PROMPT + [a]])).logits[0, -1], sampling)
+            for b in range(V):
+                p3 = probabilities(model(torch.tensor([PROMPT + [a, b]])).logits[0, -1], sampling)
+                for c in range(V):
+                    dist[(b, c)] = dist.get((b, c), 0.0) + float(p1[a] * p2[b] * p3[c])
+    return dist
+
+
+def sample_joint(model, sampling: Sampling, n: int) -> dict[tuple[int, int], int]:
+    counts: dict[tuple[int, int], int] = {}
+    target, proposer = Target(model), FixedTreeProposer(7)
+    gen = torch.Generator().manual_seed(123)
+    for _ in range(n):
+        tokens = [t for s in engine.decode(target, proposer, PROMPT, sampling, 3, set(), gen) for t in s]
+        counts[(tokens[1], tokens[2])] = counts.get((tokens[1], tokens[2]), 0) + 1
+    return counts
+
+
+def chi_square_rejects(expected: dict, counts: dict, n: int) -> bool:
+    """Pearson's test at alpha = 0.001 (Wilson-Hilferty critical value), merging bins expected below 5."""
+    stat, df, small_e, small_o = 0.0, -1, 0.0, 0
+    for key, p in expected.items():
+        e, o = p * n, counts.get(key, 0)
+        if e < 5:
+            small_e, small_o = small_e + e, small_o + o
+            continue
+        stat, df = stat + (o - e) ** 2 / e, df + 1
+    if small_e > 0:
+        stat, df = stat + (small_o - small_e) ** 2 / small_e, df + 1
+    z = 3.09
+    critical = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+    return stat > critical
+
+
+def biased_accept(tree, logits, sampling, generator):
+    """A wrong verifier: takes the first root child whenever the target gives it at least 5%."""
+    first = tree.children(ROOT)
+    if first and probabilities(logits[0], sampling)[tree.nodes[first[0]].token] > 0.05:
+        return Accepted([first[0]], pick(logits[first[0] + 1], sampling, generator))
+    return accept(tree, logits, sampling, generator)
+
+
+SETTINGS = [Sampling(temperature=1.0), Sampling(temperature=0.7, top_k=4, top_p=0.9)]
+
+
+@pytest.mark.parametrize("sampling", SETTINGS, ids=["plain", "topk-topp"])
+def test_speculative_sampling_preserves_the_distribution(sampling):
+    model = tiny_model(seed=11, vocab=V, init=0.08)
+    n = 2500
+    assert not chi_square_rejects(exact_joint(model, sampling), sample_joint(model, sampling, n), n)
+
+
+def test_the_statistical_test_catches_a_biased_verifier(monkeypatch):
+    model = tiny_model(seed=11, vocab=V, init=0.08)
+    sampling = SETTINGS[0]
+    monkeypatch.setattr(engine, "accept", biased_accept)
+    n = 2500
+    assert chi_square_rejects(exact_joint(model, sampling), sample_joint(model, sampling, n), n)
+
+
+def test_same_seed_same_tokens():
+    model = tiny_model(seed=2, vocab=50, init=0.05)
+    sampling = Sampling(temperature=0.9, top_p=0.95)
+    runs = []
+    for _ in range(2):
+        gen = torch.Generator().manual_seed(42)
+        runs.append([t for s in engine.decode(Target(model), FixedTreeProposer(1), PROMPT, sampling, 20, set(), gen) for t in s])
+    assert runs[0] == runs[1]
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    probs = probabilities(torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])), Sampling(temperature=1.0, top_p=0.8))
+    assert torch.allclose(probs, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+    probs = probabilities(torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])), Sampling(temperature=1.0, top_k=1))
+    assert probs.tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert list(itertools.islice(iter(probs), 1)) == [1.0]

@@ -6,8 +6,12 @@ from __future__ import annotations
 import os
 import sys
 
-import click
 import typer
+
+try:  # typer >= 0.20 carries its own copy of click
+    from typer._click import exceptions as cx
+except ImportError:  # pragma: no cover - older typer on plain click
+    from click import exceptions as cx
 
 from graft_cli.cli_bench import bench
 from graft_cli.cli_generate import generate
@@ -40,11 +44,16 @@ def main(argv: list[str] | None = None) -> None:
     debug = os.environ.get("GRAFT_DEBUG") == "1"
     try:
         app(args=argv, standalone_mode=False)
-    except click.exceptions.Exit as e:
+    except typer.Exit as e:
         raise SystemExit(e.exit_code)
-    except click.exceptions.Abort:
+    except typer.Abort:
         fail("interrupted", 130)
-    except click.UsageError as e:
+    except cx.ClickException as e:  # usage errors: a wrong flag, a bad value, a missing argument
+        if type(e).__name__ == "NoArgsIsHelpError":  # `graft` or `graft index` alone: the help was the answer
+            text = e.format_message()
+            if text.strip():
+                print(text)
+            raise SystemExit(0)
         if debug:
             raise
         fail(e.format_message().replace("\n", " "))

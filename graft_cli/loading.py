@@ -55,8 +55,11 @@ def pick_dtype(dtype: str, device: str) -> torch.dtype:
 def load_model(spec: str, device: str = "auto", dtype: str = "auto") -> Loaded:
     """A catalog name or a local path (HF directory or .gguf) to a ready model on ``device``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     from graft_cli.catalog import resolve_model
+
+    hf_logging.disable_progress_bar()  # stderr carries our own progress and logs only
 
     device = pick_device(device)
     torch_dtype = pick_dtype(dtype, device)

@@ -1,0 +1,33 @@
+# Two entry points, each working from nothing: `make demo` (install everything, pull the default model, build a
+# datastore and generate with Graft) and `make test` (install with the test extras and run the suite).
+PYTHON ?= python3
+VENV ?= .venv
+PIP := $(VENV)/bin/pip
+GRAFT := $(VENV)/bin/graft
+# The CPU build of torch (pip would otherwise pull a multi-GB CUDA build); machines with CUDA get the normal one.
+TORCH_CPU ?= torch==2.13.0
+STDLIB := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['stdlib'])")
+
+.PHONY: demo test install clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(PIP) install -q torch; else $(PIP) install -q $(TORCH_CPU); fi
+	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(GRAFT) models pull smollm2-135m-instruct
+	$(GRAFT) index build $(STDLIB)/json $(STDLIB)/email $(STDLIB)/asyncio --model smollm2-135m-instruct \
+		--kind suffix-array --name stdlib-demo --force
+	$(GRAFT) generate --method graft --datastore stdlib-demo --max-new-tokens 128 --stats \
+		--prompt "Write a Python function that parses a JSON file and returns the list of its top-level keys."
+
+test: install
+	$(VENV)/bin/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,3 @@
+from graft_cli.cli import main
+
+main()

@@ -1,0 +1,78 @@
+"""The command line: one-line errors with exit code 2, through Typer's runner and a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from graft_cli.cli import main
+
+
+def run_main(argv, capsys, stdin=None, monkeypatch=None):
+    if stdin is not None:
+        import io
+
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+@pytest.mark.parametrize(
+    "argv, stdin, message",
+    [
+        (["generate", "--bogus"], None, "No such option: --bogus"),
+        (["generate", "--prompt", "   "], None, "the prompt is empty"),
+        (["generate", "--prompt-file", "/no/such/file"], None, "prompt file not found"),
+        (["generate", "--prompt-file", "-"], b"\xff\xfe bad", "is not valid UTF-8"),
+        (["generate", "--prompt", "hi", "--model", "no-such-model"], None, "unknown model 'no-such-model'"),
+        (["generate", "--prompt", "hi", "--temperature", "-1"], None, "--temperature"),
+        (["generate", "--prompt", "hi", "--device", "cuda"], None, "CUDA"),
+        (["generate", "--prompt", "hi", "--prompt-file", "x"], None, "not both"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv, stdin, message, capsys, monkeypatch):
+    if "cuda" in argv:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+    code, out, err = run_main(argv, capsys, stdin, monkeypatch)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("graft: error:") and message in err
+    assert "Traceback" not in err
+
+
+def test_help_lists_the_whole_command_tree(capsys):
+    code, out, _ = run_main(["--help"], capsys)
+    assert code == 0
+    for command in ("generate", "index", "bench", "models", "plugins"):
+        assert command in out
+
+
+def test_plugins_list_shows_builtins(capsys):
+    code, out, _ = run_main(["plugins", "list", "--json"], capsys)
+    names = {json.loads(line)["name"] for line in out.splitlines()}
+    assert code == 0 and "prompt" in names
+
+
+@pytest.mark.real_model
+def test_subprocess_pipeline_with_the_default_model():
+    graft = [sys.executable, "-m", "graft_cli"]
+    text = subprocess.run(
+        graft + ["generate", "-f", "-", "-n", "8", "--method", "pld"],
+        input=b"Name three colours.", capture_output=True, timeout=300,
+    )
+    assert text.returncode == 0, text.stderr.decode()
+    assert text.stdout.decode().strip()
+    lines = b'{"id": "a", "prompt": "Say hi"}\n{broken\n{"id": "b", "messages": [{"role": "user", "content": "2+2?"}]}\n'
+    jsonl = subprocess.run(graft + ["generate", "--jsonl", "-n", "6"], input=lines, capture_output=True, timeout=300)
+    assert jsonl.returncode == 2
+    assert "line 2: invalid JSON" in jsonl.stderr.decode()
+    ids = [json.loads(line)["id"] for line in jsonl.stdout.decode().splitlines()]
+    assert ids == ["a", "b"]

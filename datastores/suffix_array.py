@@ -1,0 +1,363 @@
+"""The suffix-array store: exact longest-suffix matching over a token corpus, with counted continuations.
+
+Files of one shard (all little-endian, memory-mapped for queries):
+
+``tokens.u32``
+    The shard's text ``T``: ``SEP doc SEP doc ... SEP`` followed by :data:`PAD` more ``SEP`` so that reading a
+    continuation never runs off the end. ``SEP`` (0xFFFFFFFF) is never a token and never in a query, so no match
+    crosses two documents.
+``sa.u32``
+    The suffix array of the *reversed* text, stored as positions in ``T``: entry ``P`` stands for the string
+    that ends at ``T[P-1]`` and reads backwards (``T[P-1], T[P-2], ...``); its continuation starts at ``T[P]``.
+    Entries are sorted by that backwards string, so the occurrences of a context suffix of length ``k`` form
+    one contiguous range, and growing the suffix by one token to the left only narrows the range (binary search
+    on ``T[P-k-1]`` inside it). Entries that start or end at a separator are dropped (they can never match or
+    never continue).
+``first.u32``
+    ``V + 1`` offsets: the range of entries whose last matched token is ``t`` is ``first[t]:first[t+1]``, so
+    the first step of every lookup costs nothing.
+
+Construction sorts the reversed text with libdivsufsort (through pydivsufsort) on a big-endian byte packing of
+the token ids (2 bytes per token for vocabularies up to 65,535, 3 bytes up to 16M): for fixed-width big-endian
+codes, byte order at aligned positions is token order, so the aligned byte suffixes are the token suffixes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from datastores.errors import DatastoreError
+from datastores.tokenize import SEP, SEP_INT
+
+PAD = 64  # SEPs after the text: the deepest continuation a lookup may read
+MAX_SHARD_TOKENS = 2**32 - 2 * PAD - 2  # positions are uint32
+
+DEFAULTS = {
+    "max_match": 16,  # longest context suffix tried
+    "min_match": 2,  # shortest context suffix accepted
+    "depth": 8,  # longest continuation read (tokens)
+    "max_occurrences": 512,  # occurrences counted per lookup (evenly spaced over the matched range)
+    "prior": 1.0,  # score = count / (occurrences + prior): one occurrence is not certainty
+    "budget": 64,
+}
+
+
+# --- construction ---------------------------------------------------------------------------------------------
+
+
+def _pack_reversed(tokens: np.ndarray, vocab_size: int) -> tuple[np.ndarray, int]:
+    """The reversed text as fixed-width big-endian codes (SEP -> ``vocab_size``, above every token)."""
+    top = vocab_size  # code of SEP
+    width = max(1, math.ceil(top.bit_length() / 8))
+    rev = tokens[::-1]
+    n = rev.size
+    packed = np.empty((n, width), dtype=np.uint8)
+    codes = np.where(rev == SEP, np.uint32(top), rev)
+    if codes.size and int(codes.max()) > top:
+        raise DatastoreError(f"token id {int(codes.max())} is outside the vocabulary ({vocab_size})")
+    for b in range(width):
+        packed[:, b] = (codes >> np.uint32(8 * (width - 1 - b))) & np.uint32(0xFF)
+    return packed.reshape(-1), width
+
+
+def build_suffix_array(tokens: np.ndarray, vocab_size: int, progress: Callable[[str], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(sa, first)`` for a text ``tokens`` that starts and ends with SEP (see the module docstring)."""
+    from pydivsufsort import divsufsort
+
+    n = int(tokens.size)
+    if n < 2 or tokens[0] != SEP or tokens[-1] != SEP:
+        raise ValueError("the text must start and end with SEP")
+    if n > MAX_SHARD_TOKENS:
+        raise DatastoreError(f"a shard holds at most {MAX_SHARD_TOKENS:,} tokens; this one has {n:,} (use --shard)")
+    packed, width = _pack_reversed(tokens, vocab_size)
+    if progress:
+        progress("sort")
+    byte_sa = divsufsort(packed)  # int32 (or int64 past 2 GiB) positions of byte suffixes
+    del packed
+    if progress:
+        progress("filter")
+    # keep aligned suffixes; q (a position in the reversed text) stands for P = n - q in T
+    padded = np.empty(n + 1, dtype=np.uint32)
+    padded[:n] = tokens
+    padded[n] = SEP
+    out = np.empty(n, dtype=np.uint32)
+    m = 0
+    step = 1 << 22
+    for lo in range(0, byte_sa.size, step):
+        chunk = byte_sa[lo : lo + step]
+        if width > 1:
+            chunk = chunk[chunk % width == 0] // width
+        pos = n - chunk.astype(np.int64)
+        keep = (padded[pos - 1] != SEP) & (padded[pos] != SEP)
+        pos = pos[keep]
+        out[m : m + pos.size] = pos
+        m += pos.size
+    del byte_sa
+    sa = out[:m].copy()
+    del out
+    last = tokens[sa.astype(np.int64) - 1]
+    first = np.searchsorted(last, np.arange(vocab_size + 1, dtype=np.uint32), side="left").astype(np.uint32)
+    return sa, first
+
+
+def write_shard_files(directory: Path, tokens_path: Path, vocab_size: int, progress: Callable[[str], None] | None = None) -> dict:
+    """Build ``sa.u32`` and ``first.u32`` next to ``tokens_path`` (which gains its padding); return timings."""
+    t0 = time.perf_counter()
+    tokens = np.fromfile(tokens_path, dtype=np.uint32)
+    t_load = time.perf_counter()
+    sa, first = build_suffix_array(tokens, vocab_size, progress)
+    t_sort = time.perf_counter()
+    n = int(tokens.size)
+    del tokens
+    if progress:
+        progress("write")
+    sa.tofile(directory / "sa.u32")
+    first.tofile(directory / "first.u32")
+    with open(tokens_path, "ab") as f:
+        np.full(PAD, SEP, dtype=np.uint32).tofile(f)
+    t_end = time.perf_counter()
+    return {
+        "text_tokens": n,
+        "entries": int(sa.size),
+        "load_s": round(t_load - t0, 3),
+        "sort_s": round(t_sort - t_load, 3),
+        "write_s": round(t_end - t_sort, 3),
+    }
+
+
+# --- queries --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Continuation:
+    token: int
+    parent: int  # index into Lookup.nodes, or -1 for a child of the root
+    depth: int
+    count: int
+    score: float
+
+
+@dataclass
+class Lookup:
+    """What a store has for a context: the longest matched suffix and the counted continuation trie."""
+
+    match_len: int = 0
+    occurrences: int = 0  # occurrences of the matched suffix (with a continuation), all shards
+    counted: int = 0  # occurrences whose continuations were read (evenly spaced, at most max_occurrences)
+    nodes: list[Continuation] = field(default_factory=list)  # best first; a parent always before its children
+    neighbours: list[tuple[float, list[int]]] = field(default_factory=list)  # ngram stores: (similarity, context)
+
+    def paths(self) -> list[tuple[list[int], float, int]]:
+        """Root-to-node token paths of every node, best first: ``(tokens, score, count)``."""
+        out = []
+        prefix: list[list[int]] = []
+        for node in self.nodes:
+            toks = (prefix[node.parent] if node.parent >= 0 else []) + [node.token]
+            prefix.append(toks)
+            out.append((toks, node.score, node.count))
+        return out
+
+
+class _Shard:
+    def __init__(self, directory: Path, manifest: dict) -> None:
+        import mmap
+
+        self.dir = directory
+        self.manifest = manifest
+        self.n = int(manifest["index"]["text_tokens"])
+        self._maps = []
+
+        def open_u32(name: str) -> tuple[np.ndarray, memoryview]:
+            with open(directory / name, "rb") as f:
+                size = f.seek(0, 2)
+                if size == 0:
+                    return np.empty(0, dtype=np.uint32), memoryview(b"").cast("I")
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self._maps.append(mm)
+            return np.frombuffer(mm, dtype=np.uint32), memoryview(mm).cast("I")
+
+        self.T, self.Tv = open_u32("tokens.u32")
+        self.P, self.Pv = open_u32("sa.u32")
+        self.first = np.fromfile(directory / "first.u32", dtype=np.uint32)
+        self.Fv = memoryview(self.first).cast("B").cast("I")
+        self.vocab = self.first.size - 1
+        if self.T.size != self.n + PAD or int(self.first[-1]) != self.P.size:
+            raise DatastoreError(f"datastore shard {directory} is inconsistent (rebuild it)")
+
+    def ranges(self, rev: Sequence[int]) -> list[tuple[int, int]]:
+        """``ranges[k-1]`` = the entry range matching the last ``k`` context tokens, while non-empty."""
+        t = rev[0]
+        if not 0 <= t < self.vocab:
+            return []
+        Fv, Tv, Pv = self.Fv, self.Tv, self.Pv
+        lo, hi = Fv[t], Fv[t + 1]
+        if lo == hi:
+            return []
+        out = [(lo, hi)]
+        for k in range(2, len(rev) + 1):
+            t = rev[k - 1]
+            if hi - lo <= 16:
+                # small range: gather the k-th tokens and bisect them in numpy
+                keys = self.T[self.P[lo:hi].astype(np.int64) - k]
+                a = lo + int(np.searchsorted(keys, t, "left"))
+                b = lo + int(np.searchsorted(keys, t, "right"))
+            else:
+                # scalar bisection on memoryviews (Python ints, no numpy call per step)
+                a, b = lo, hi
+                while a < b:
+                    mid = (a + b) >> 1
+                    if Tv[Pv[mid] - k] < t:
+                        a = mid + 1
+                    else:
+                        b = mid
+                if a == hi or Tv[Pv[a] - k] != t:
+                    break
+                b = hi
+                c = a + 1
+                while c < b:
+                    mid = (c + b) >> 1
+                    if Tv[Pv[mid] - k] <= t:
+                        c = mid + 1
+                    else:
+                        b = mid
+                b = c
+            if a >= b:
+                break
+            lo, hi = a, b
+            out.append((lo, hi))
+        return out
+
+    def rows(self, lo: int, hi: int, take: int, depth: int) -> np.ndarray:
+        """Continuations (``take`` evenly spaced occurrences of the range) as a ``[take, depth]`` array."""
+        count = hi - lo
+        if take >= count:
+            pos = self.P[lo:hi]
+        else:
+            pos = self.P[lo + (np.arange(take, dtype=np.int64) * count) // take]
+        idx = pos.astype(np.int64)[:, None] + np.arange(depth, dtype=np.int64)
+        return self.T[idx]
+
+    def close(self) -> None:
+        self.T = self.P = None  # type: ignore[assignment]
+        self.Tv.release()
+        self.Pv.release()
+        for mm in self._maps:
+            try:
+                mm.close()
+            except BufferError:
+                pass
+
+
+def continuation_trie(rows: np.ndarray, budget: int, prior: float = 1.0, total: int | None = None) -> list[Continuation]:
+    """The best ``budget`` nodes of the trie of ``rows`` (one continuation per row, SEP-terminated).
+
+    A node's count is the number of rows through it; its score is ``count / (rows + prior)`` -- the product of
+    child/parent count ratios along its path (they telescope), shrunk by ``prior`` so that a single occurrence
+    is not taken for certainty. Scores never grow along a path and ties go to the shallower node, so the
+    selection is prefix-closed; nodes come best first, each after its parent.
+    """
+    m, depth = rows.shape if rows.ndim == 2 else (0, 0)
+    if m == 0 or depth == 0 or budget <= 0:
+        return []
+    rows = rows.copy()
+    dead = np.logical_or.accumulate(rows == SEP, axis=1)  # a separator ends the continuation
+    rows[dead] = SEP
+    order = np.lexsort(rows.T[::-1])
+    s = rows[order]
+    newg = np.empty((m, depth), dtype=bool)  # row r opens a new group (distinct prefix) at depth d
+    newg[0] = True
+    np.logical_or.accumulate(s[1:] != s[:-1], axis=1, out=newg[1:])
+    # group sizes: distance to the next group start at the same depth (a closing start after the last row)
+    flat = np.concatenate([newg.T, np.ones((depth, 1), dtype=bool)], axis=1).ravel()
+    nz = np.flatnonzero(flat)
+    lengths = np.diff(nz)
+    row_of = nz[:-1] % (m + 1)
+    d_of = nz[:-1] // (m + 1)
+    real = row_of < m
+    row_of, d_of, lengths = row_of[real], d_of[real], lengths[real]
+    node = s[row_of, d_of] != SEP  # a group of separators is where continuations end, not a node
+    row_of, d_of, counts = row_of[node], d_of[node], lengths[node]
+    if counts.size == 0:
+        return []
+    tot = float(total if total is not None else m)
+    # rank by count, shallower first on ties: a parent always outranks its children
+    key = counts.astype(np.int64) * (depth + 1) + (depth - d_of)
+    k = min(budget, key.size)
+    pick = np.argpartition(-key, k - 1)[:k] if k < key.size else np.arange(key.size)
+    pick = pick[np.argsort(-key[pick], kind="stable")]
+    # the parent of the group at (row r, depth d) starts at the last group start <= r at depth d-1
+    last_start = np.maximum.accumulate(np.where(newg, np.arange(m)[:, None], 0), axis=0)
+    index: dict[tuple[int, int], int] = {}
+    out: list[Continuation] = []
+    for i in pick.tolist():
+        d = int(d_of[i])
+        r = int(row_of[i])
+        parent = -1
+        if d > 0:
+            parent = index.get((d - 1, int(last_start[r, d - 1])), -2)
+            if parent == -2:  # cannot happen: the selection is prefix-closed
+                continue
+        index[(d, r)] = len(out)
+        c = int(counts[i])
+        out.append(Continuation(int(s[r, d]), parent, d + 1, c, c / (tot + prior)))
+    return out
+
+
+class SuffixArrayIndex:
+    """The shards of one suffix-array store, queried together (see :meth:`lookup`)."""
+
+    kind = "suffix-array"
+
+    def __init__(self, shards: Sequence[tuple[Path, dict]]) -> None:
+        self.shards = [_Shard(d, m) for d, m in shards]
+
+    def close(self) -> None:
+        for s in self.shards:
+            s.close()
+
+    def match(self, context: Sequence[int], max_match: int = 16) -> tuple[int, list[tuple[_Shard, int, int]]]:
+        """The longest suffix of ``context`` (at most ``max_match`` tokens) found in any shard, and the entry
+        range of every shard that holds it."""
+        rev = [int(t) for t in context[-max_match:][::-1]] if max_match > 0 else []
+        if not rev:
+            return 0, []
+        best = 0
+        found: list[tuple[_Shard, list[tuple[int, int]]]] = []
+        for shard in self.shards:
+            r = shard.ranges(rev)
+            if r:
+                found.append((shard, r))
+                best = max(best, len(r))
+        return best, [(shard, *r[best - 1]) for shard, r in found if len(r) >= best]
+
+    def lookup(
+        self,
+        context: Sequence[int],
+        *,
+        max_match: int = DEFAULTS["max_match"],
+        min_match: int = DEFAULTS["min_match"],
+        depth: int = DEFAULTS["depth"],
+        max_occurrences: int = DEFAULTS["max_occurrences"],
+        budget: int = DEFAULTS["budget"],
+        prior: float = DEFAULTS["prior"],
+    ) -> Lookup:
+        depth = max(1, min(int(depth), PAD))
+        k, hits = self.match(context, max_match)
+        if k < max(min_match, 1) or not hits:
+            return Lookup(match_len=k if k >= max(min_match, 1) else 0)
+        total = sum(hi - lo for _, lo, hi in hits)
+        take_all = total <= max_occurrences
+        parts = []
+        for shard, lo, hi in hits:
+            n = hi - lo
+            take = n if take_all else max(1, round(max_occurrences * n / total))
+            parts.append(shard.rows(lo, hi, take, depth))
+        rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        nodes = continuation_trie(rows, budget, prior)
+        return Lookup(match_len=k, occurrences=total, counted=int(rows.shape[0]), nodes=nodes)

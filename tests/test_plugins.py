@@ -1,0 +1,80 @@
+"""Third-party retrievers: the minimal plugin of docs/plugins.md, really installed, discovered and used."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import plugins
+from graft_cli.engine import decode
+from graft_cli.graft import GraftProposer
+from graft_cli.sampling import Sampling
+from graft_cli.target import Target
+from plugins.base import RetrieverEnv
+from tests.tiny import tiny_model
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
+
+
+def install(source_dir: Path, target: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target), str(source_dir)],
+        check=True,
+        capture_output=True,
+    )
+
+
+@pytest.fixture
+def installed(tmp_path, monkeypatch):
+    """The doc's plugin (both files taken from the doc itself) plus a broken one, installed into a folder on sys.path."""
+    blocks = re.findall(r"```(toml|python)\n(.*?)```", DOC.read_text(), re.S)
+    pyproject, module = blocks[0][1], blocks[1][1]
+    good = tmp_path / "graft-repeat"
+    good.mkdir()
+    (good / "pyproject.toml").write_text(pyproject)
+    (good / "graft_repeat.py").write_text(module)
+    broken = tmp_path / "graft-broken"
+    broken.mkdir()
+    (broken / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "graft-broken"\nversion = "0.1.0"\n'
+        '[project.entry-points."graft.retrievers"]\nbroken = "graft_broken:make"\n'
+        '[tool.setuptools]\npy-modules = ["graft_broken"]\n'
+    )
+    (broken / "graft_broken.py").write_text("raise RuntimeError('this plugin is broken')\n")
+    site = tmp_path / "site"
+    install(good, site)
+    install(broken, site)
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    return site
+
+
+def test_a_third_party_plugin_is_discovered_and_used(installed):
+    found = plugins.discover()
+    assert {"repeat", "broken", "prompt"} <= set(found)
+    assert found["repeat"].package == "graft-repeat"
+    with pytest.raises(ImportError, match="broken"):
+        plugins.load_factory("broken")
+    retriever = plugins.load_factory("repeat")(RetrieverEnv(vocab_size=97, options={"repeat.length": "3"}))
+    model = tiny_model(seed=0)
+    prompt = [7, 7, 7, 7, 7]
+    plain = [t for s in decode(Target(model), GraftProposer(0), prompt, Sampling(), 20, set()) for t in s]
+    proposer = GraftProposer(8, [retriever])
+    assert [t for s in decode(Target(model), proposer, prompt, Sampling(), 20, set()) for t in s] == plain
+
+
+def test_plugins_list_reports_a_broken_plugin_without_failing(installed, capsys):
+    from graft_cli.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["plugins", "list", "--json"])
+        raise SystemExit(0)
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    assert '"name": "broken"' in out and '"ok": false' in out and '"name": "repeat"' in out

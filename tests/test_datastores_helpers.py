@@ -1,4 +1,4 @@
-"""Helpers for the datastore tests: a tiny word-level tokenizer model directory (no downloads, no torch)."""
+"""Shared helpers for the datastore tests (no tests here): a tiny word-level tokenizer model directory, no torch."""
 
 from __future__ import annotations
 

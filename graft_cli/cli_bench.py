@@ -1,8 +1,90 @@
-"""``graft bench`` (placeholder)."""
+"""``graft bench``: every method side by side on Spec-Bench-style questions (see graft_cli/bench.py)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Optional
+
+import typer
 
 from graft_cli.errors import GraftError
 
+DEFAULT_MODEL = "smollm2-135m-instruct"
 
-def bench() -> None:
-    """Benchmark every method side by side (not implemented yet: see issue 6)."""
-    raise GraftError("`graft bench` is not implemented yet")
+
+def bench(
+    ctx: typer.Context,
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Target: catalog name, HF model directory or .gguf file."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Draft model for hf-assisted and the drafter methods."),
+    dataset: str = typer.Option("spec-bench", "--dataset", "-d", help="spec-bench, mt-bench, or a JSONL file with 'turns' or 'prompt' per line."),
+    categories: Optional[str] = typer.Option(None, "--categories", help="Comma-separated categories (default: all)."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="First N questions of each category."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", min=1, help="New tokens per turn at most."),
+    methods: str = typer.Option("all", "--methods", help="Comma-separated: ar, pld, ... (engine methods), hf, hf-pld, hf-assisted; 'all' runs every one that can run here. ar is always run (the baseline)."),
+    budget: Optional[str] = typer.Option(None, "--budget", help="Tree nodes per step for engine methods, or 'auto' (measured on this device)."),
+    budgets: Optional[str] = typer.Option(None, "--budgets", help="Several budgets, e.g. 4,8,16,32,auto: each engine method runs at each (for the Pareto plot)."),
+    datastore: Optional[str] = typer.Option(None, "--datastore", help="Datastore name or path for store retrievers (rest)."),
+    retriever_opt: list[str] = typer.Option([], "--retriever-opt", help="KEY=VALUE option for retrievers (repeatable)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
+    out: Path = typer.Option(Path("bench-results"), "--out", "-o", help="Directory for results.json, answers/, runs.jsonl and plots."),
+    resume: bool = typer.Option(False, "--resume", help="Keep the finished runs in OUT/runs.jsonl that match this configuration; run the rest."),
+    warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One short untimed generation per method first."),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="Write the PNG plots."),
+) -> None:
+    """Benchmark every method side by side: speedup and tau per category, lossless check, Spec-Bench answer files."""
+    from graft_cli.bench import BenchOptions, run_bench
+    from graft_cli.cli_generate import _options
+    from graft_cli.profile import parse_budget
+
+    if budget is not None and budgets is not None:
+        raise GraftError("give either --budget or --budgets, not both")
+    budget_list = [parse_budget(b) for b in _split(budgets)] if budgets is not None else []
+    if budgets is not None and not budget_list:
+        raise GraftError("--budgets is empty")
+    if budget is not None:
+        budget_list = [parse_budget(budget)]
+    opts = BenchOptions(
+        model=model,
+        draft=draft,
+        dataset=dataset,
+        categories=_split(categories) or None,
+        limit=limit,
+        max_new_tokens=max_new_tokens,
+        methods=_split(methods) or ["all"],
+        budgets=list(dict.fromkeys(budget_list)),
+        options=_options(retriever_opt, datastore),
+        device=device,
+        dtype=dtype,
+        out=out,
+        resume=resume,
+        warmup=warmup,
+        plots=plots,
+        command=_command_line(ctx),
+    )
+    code = run_bench(opts)
+    if code:
+        raise SystemExit(code)  # after the results are written; typer.Exit would be swallowed by cli.main
+
+
+def _split(text: str | None) -> list[str]:
+    return [p.strip() for p in (text or "").split(",") if p.strip()]
+
+
+def _command_line(ctx: typer.Context) -> str:
+    """The command as it would be typed again, every option explicit (from the parsed parameters)."""
+    parts = ["graft", "bench"]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if value is None or not param.opts:
+            continue
+        flag = max(param.opts, key=len)
+        if getattr(param, "is_flag", False) and param.secondary_opts:
+            parts.append(flag if value else max(param.secondary_opts, key=len))
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                parts += [flag, str(v)]
+        else:
+            parts += [flag, str(value)]
+    return shlex.join(parts)

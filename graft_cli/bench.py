@@ -1,0 +1,856 @@
+"""The benchmark runner behind ``graft bench``: every method on the same prompts, interleaved, Spec-Bench style.
+
+Protocol (Spec-Bench's): greedy, batch 1, the chat template, multi-turn questions run turn by turn with each
+method's own answer put back into its conversation; a question's speed is its new tokens over its wall time,
+a method's speed the mean of those, and its speedup that mean over plain decoding's (``ar``). Every method's
+tokens must equal ``ar``'s: a mismatch is recorded with its question id and fails the run.
+
+Fairness: one process, each model loaded once, a warm-up per method, and the methods interleaved question by
+question (the order rotates from one question to the next) so that machine drift hits all of them alike.
+Each finished (question, method) is appended to ``runs.jsonl`` at once, so an interrupted run can resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from time import perf_counter
+from typing import Any, Callable, Iterable, Protocol, Sequence
+
+from graft_cli.errors import GraftError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DATASETS = {"spec-bench": "spec_bench_question.jsonl", "mt-bench": "mt_bench_question.jsonl"}
+PEERS = ("hf", "hf-pld", "hf-assisted")
+HF_PLD_TOKENS = 10
+RESULTS_SCHEMA = 1
+WARMUP_PROMPT = "Write three short sentences about the sea."
+WARMUP_TOKENS = 16
+
+
+# --- datasets --------------------------------------------------------------------------------------------------
+@dataclass
+class Question:
+    question_id: Any
+    category: str
+    turns: list[str]
+
+
+def data_dirs() -> list[Path]:
+    """Where the named datasets are looked for: $GRAFT_BENCH_DATA, then the shared data next to the repository."""
+    dirs = []
+    if os.environ.get("GRAFT_BENCH_DATA"):
+        dirs.append(Path(os.environ["GRAFT_BENCH_DATA"]).expanduser())
+    dirs += [REPO_ROOT.parent / "shared" / "data" / "bench", REPO_ROOT / "shared" / "data" / "bench"]
+    return dirs
+
+
+def resolve_dataset(spec: str) -> Path:
+    """``spec-bench``, ``mt-bench`` or a path to a JSONL file."""
+    if spec in DATASETS:
+        for d in data_dirs():
+            if (d / DATASETS[spec]).is_file():
+                return d / DATASETS[spec]
+        looked = ", ".join(str(d) for d in data_dirs())
+        raise GraftError(f"dataset '{spec}' ({DATASETS[spec]}) not found in {looked} (set GRAFT_BENCH_DATA)")
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise GraftError(f"dataset not found: {spec} (use spec-bench, mt-bench or a JSONL file)")
+    return path
+
+
+def parse_questions(lines: Iterable[str], source: str = "dataset") -> list[Question]:
+    """Records with ``turns`` (a list of user messages) or ``prompt`` (one), ``question_id`` or ``id``
+    (default: the line number) and ``category`` (default: ``all``)."""
+    out, seen = [], set()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise GraftError(f"{source} line {number}: invalid JSON ({e.msg})") from None
+        if not isinstance(record, dict):
+            raise GraftError(f"{source} line {number}: expected a JSON object")
+        turns = record.get("turns")
+        if turns is None and isinstance(record.get("prompt"), str):
+            turns = [record["prompt"]]
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+            raise GraftError(f'{source} line {number}: expected "turns" (non-empty texts) or "prompt" (a text)')
+        qid = record.get("question_id", record.get("id", number))
+        if qid in seen:
+            raise GraftError(f"{source} line {number}: duplicate question id {qid!r}")
+        seen.add(qid)
+        out.append(Question(qid, str(record.get("category") or "all"), list(turns)))
+    return out
+
+
+def load_questions(path: Path, categories: Sequence[str] | None = None, limit: int | None = None) -> list[Question]:
+    """The questions of ``path`` in file order, only ``categories`` (if given), the first ``limit`` of each."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise GraftError(f"cannot read {path}: {e}") from None
+    questions = parse_questions(text.splitlines(), str(path))
+    if categories:
+        known = {q.category for q in questions}
+        unknown = [c for c in categories if c not in known]
+        if unknown:
+            raise GraftError(f"no questions of category {', '.join(unknown)} in {path} (has: {', '.join(sorted(known))})")
+        questions = [q for q in questions if q.category in set(categories)]
+    if limit is not None:
+        taken: Counter = Counter()
+        kept = []
+        for q in questions:
+            if taken[q.category] < limit:
+                taken[q.category] += 1
+                kept.append(q)
+        questions = kept
+    if not questions:
+        raise GraftError(f"no questions to run from {path}")
+    return questions
+
+
+def categories_of(questions: Sequence[Question]) -> list[str]:
+    return list(dict.fromkeys(q.category for q in questions))
+
+
+# --- methods ---------------------------------------------------------------------------------------------------
+@dataclass
+class Turn:
+    """One generation: the tokens (a stop token included when one ended it) and what it cost."""
+
+    tokens: list[int]
+    wall: float
+    accept_lengths: list[int]
+    steps: int = 0
+    proposed: dict = field(default_factory=dict)
+    accepted: dict = field(default_factory=dict)
+    time_s: dict = field(default_factory=dict)
+    peak_mem_mb: float | None = None
+    budget_mean: float | None = None  # mean tree nodes chosen per step under --budget auto
+
+
+class Runner(Protocol):
+    name: str
+
+    def run(self, ids: list[int], max_new_tokens: int) -> Turn: ...
+
+
+@dataclass
+class MethodSpec:
+    """One column of the benchmark: an engine method at a budget, or a transformers peer."""
+
+    name: str  # what tables and files call it, e.g. pld or pld@8
+    method: str  # ar, pld, ... or hf, hf-pld, hf-assisted
+    kind: str  # "engine" or "peer"
+    budget: Any = None  # int, "auto" or None (the device default)
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "method": self.method, "kind": self.kind, "budget": self.budget}
+
+
+def plan_methods(names: Sequence[str], engine_methods: Sequence[str], budgets: Sequence[Any]) -> list[MethodSpec]:
+    """The benchmark's columns: ``ar`` first (always: it is the baseline), then the asked methods, engine
+    methods once per budget when several budgets are given (named ``method@budget``)."""
+    unknown = [n for n in names if n not in engine_methods and n not in PEERS]
+    if unknown:
+        choices = ", ".join([*engine_methods, *PEERS])
+        raise GraftError(f"unknown method {', '.join(unknown)} (choose from {choices}, or all)")
+    names = ["ar", *[n for n in dict.fromkeys(names) if n != "ar"]]
+    budgets = list(budgets) or [None]
+    specs = []
+    for n in names:
+        if n in PEERS:
+            specs.append(MethodSpec(n, n, "peer"))
+        elif n == "ar":
+            specs.append(MethodSpec("ar", "ar", "engine"))
+        else:
+            for b in budgets:
+                specs.append(MethodSpec(n if len(budgets) == 1 else f"{n}@{b}", n, "engine", b))
+    return specs
+
+
+class MemoryPeak:
+    """Peak memory of one generation: the process's resident set on a CPU (Linux resets its high-water mark
+    through /proc/self/clear_refs; elsewhere the process-wide peak is reported), allocated memory on CUDA."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+        self.peak: float | None = None
+
+    def __enter__(self) -> MemoryPeak:
+        if self.cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            try:
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")
+            except OSError:
+                pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            import torch
+
+            self.peak = torch.cuda.max_memory_allocated() / 2**20
+            return
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        self.peak = int(line.split()[1]) / 1024
+                        return
+        except OSError:
+            pass
+        try:
+            import resource
+
+            self.peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 2**20)
+        except (ImportError, OSError):
+            self.peak = None
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+class EngineRunner:
+    """An engine method: ``decode`` with the method's proposer, reused across prompts (its retrievers and
+    calibration stay warm, as in a ``graft generate --jsonl`` session)."""
+
+    def __init__(self, name: str, target, proposer, stop: set[int], device: str) -> None:
+        self.name, self.target, self.proposer, self.stop, self.device = name, target, proposer, stop, device
+
+    def run(self, ids: list[int], max_new_tokens: int) -> Turn:
+        from graft_cli.engine import decode
+        from graft_cli.sampling import Sampling
+        from graft_cli.stats import Stats
+
+        stats = Stats()
+        with MemoryPeak(self.device) as mem:
+            t0 = perf_counter()
+            tokens = [t for step in decode(self.target, self.proposer, ids, Sampling(), max_new_tokens, self.stop,
+                                           None, stats) for t in step]
+            _sync(self.device)
+            wall = perf_counter() - t0
+        budgets = getattr(stats, "budgets", None)
+        return Turn(
+            tokens, wall, list(stats.accept_lengths), stats.steps, dict(stats.proposed), dict(stats.accepted),
+            {k: round(v, 4) for k, v in stats.times.items()}, mem.peak,
+            round(sum(budgets) / len(budgets), 2) if budgets else None,
+        )
+
+
+class _StepCounter:
+    """A generate() streamer that only counts the tokens of each step (the first put is the prompt)."""
+
+    def __init__(self) -> None:
+        self.lengths: list[int] = []
+        self.prompt_seen = False
+
+    def put(self, value) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        self.lengths.append(int(value.numel()))
+
+    def end(self) -> None:
+        pass
+
+
+class PeerRunner:
+    """``model.generate(do_sample=False)`` with extra arguments: prompt lookup or an assistant model."""
+
+    def __init__(self, name: str, model, stop: set[int], device: str, **kwargs) -> None:
+        self.name, self.model, self.stop, self.device, self.kwargs = name, model, stop, device, kwargs
+        self.pad = sorted(stop)[0] if stop else 0
+
+    def run(self, ids: list[int], max_new_tokens: int) -> Turn:
+        import torch
+
+        x = torch.tensor([ids], device=self.device)
+        streamer = _StepCounter()
+        with MemoryPeak(self.device) as mem, torch.inference_mode():
+            t0 = perf_counter()
+            out = self.model.generate(
+                input_ids=x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                temperature=None,
+                top_p=None,
+                top_k=None,
+                eos_token_id=sorted(self.stop) or None,
+                pad_token_id=self.pad,
+                streamer=streamer,
+                **self.kwargs,
+            )
+            _sync(self.device)
+            wall = perf_counter() - t0
+        tokens = out[0, len(ids) :].tolist()
+        for i, t in enumerate(tokens):
+            if t in self.stop:
+                tokens = tokens[: i + 1]
+                break
+        lengths = streamer.lengths
+        # the engine's first token comes from the prefill and is not a verification step; generate's plain loop
+        # streams it as a step of its own, so drop it there for a comparable tau
+        if not self.kwargs and lengths:
+            lengths = lengths[1:]
+        return Turn(tokens, wall, lengths, len(lengths), peak_mem_mb=mem.peak)
+
+
+# --- the run ---------------------------------------------------------------------------------------------------
+class Conversation:
+    """Prompt formatting and answer text for multi-turn questions (Spec-Bench puts each answer back)."""
+
+    def __init__(self, tokenizer, stop: set[int]) -> None:
+        self.tokenizer, self.stop = tokenizer, stop
+
+    def encode(self, messages: list[dict]) -> list[int]:
+        from graft_cli.loading import encode
+
+        return encode(self.tokenizer, messages)
+
+    def text(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode([t for t in tokens if t not in self.stop], skip_special_tokens=True).strip()
+
+
+def run_question(runner: Runner, question: Question, conv: Conversation, max_new_tokens: int) -> dict:
+    """Every turn of ``question`` with ``runner``; returns its record (texts, tokens and figures per turn)."""
+    messages: list[dict] = []
+    turns = []
+    for text in question.turns:
+        messages.append({"role": "user", "content": text})
+        ids = conv.encode(messages)
+        turn = runner.run(ids, max_new_tokens)
+        answer = conv.text(turn.tokens)
+        messages.append({"role": "assistant", "content": answer})
+        turns.append({
+            "prompt_tokens": len(ids),
+            "new_tokens": len(turn.tokens),
+            "wall_s": round(turn.wall, 4),
+            "tokens_per_s": round(len(turn.tokens) / turn.wall, 3) if turn.wall else 0.0,
+            "tau": round(sum(turn.accept_lengths) / len(turn.accept_lengths), 4) if turn.accept_lengths else 1.0,
+            "steps": turn.steps,
+            "accept_lengths": turn.accept_lengths,
+            "proposed": turn.proposed,
+            "accepted": turn.accepted,
+            "time_s": turn.time_s,
+            "peak_mem_mb": round(turn.peak_mem_mb, 1) if turn.peak_mem_mb is not None else None,
+            "budget_mean": turn.budget_mean,
+            "text": answer,
+            "tokens": turn.tokens,
+        })
+    return {"question_id": question.question_id, "category": question.category, "method": runner.name,
+            "turns": turns}
+
+
+def interleave(questions: Sequence[Question], runners: Sequence[Runner]) -> Iterable[tuple[Question, Runner]]:
+    """Question by question, every method; the methods' order rotates by one from a question to the next."""
+    n = len(runners)
+    for i, q in enumerate(questions):
+        for j in range(n):
+            yield q, runners[(i + j) % n]
+
+
+def record_key(record: dict) -> tuple[str, str]:
+    return json.dumps(record["question_id"]), record["method"]
+
+
+def read_runs(path: Path, fingerprints: dict[str, str]) -> dict[tuple[str, str], dict]:
+    """Records of an earlier run whose method fingerprint still matches (what --resume keeps)."""
+    done: dict[tuple[str, str], dict] = {}
+    if not path.is_file():
+        return done
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by an interruption
+        if isinstance(record, dict) and fingerprints.get(record.get("method")) == record.get("fingerprint"):
+            done[record_key(record)] = record
+    return done
+
+
+def execute(
+    questions: Sequence[Question],
+    runners: Sequence[Runner],
+    conv: Conversation,
+    max_new_tokens: int,
+    runs_path: Path | None = None,
+    done: dict | None = None,
+    fingerprints: dict[str, str] | None = None,
+    on_record: Callable[[dict], None] | None = None,
+    stamp: dict | None = None,
+) -> list[dict]:
+    """Run what is not ``done`` yet, interleaved; append each record to ``runs_path`` as soon as it finishes."""
+    done = dict(done or {})
+    out = None
+    if runs_path is not None:
+        runs_path.parent.mkdir(parents=True, exist_ok=True)
+        out = open(runs_path, "a", encoding="utf-8")
+    try:
+        for question, runner in interleave(questions, runners):
+            key = (json.dumps(question.question_id), runner.name)
+            if key in done:
+                continue
+            record = run_question(runner, question, conv, max_new_tokens)
+            if fingerprints:
+                record["fingerprint"] = fingerprints.get(runner.name)
+            record.update(stamp or {}, tstamp=round(time.time(), 3))
+            done[key] = record
+            if out:
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                out.flush()
+            if on_record:
+                on_record(record)
+    finally:
+        if out:
+            out.close()
+    wanted = {json.dumps(q.question_id) for q in questions}
+    names = {r.name for r in runners}
+    return [r for k, r in done.items() if k[0] in wanted and k[1] in names]
+
+
+def warm_up(runners: Sequence[Runner], conv: Conversation) -> None:
+    ids = conv.encode([{"role": "user", "content": WARMUP_PROMPT}])
+    for runner in runners:
+        runner.run(ids, WARMUP_TOKENS)
+
+
+# --- figures ---------------------------------------------------------------------------------------------------
+def check_lossless(records: Sequence[dict], baseline: str = "ar") -> list[dict]:
+    """Every (question, method, turn) whose tokens differ from the baseline's, with the first differing index."""
+    base = {json.dumps(r["question_id"]): r for r in records if r["method"] == baseline}
+    mismatches = []
+    for r in records:
+        b = base.get(json.dumps(r["question_id"]))
+        if r["method"] == baseline or b is None:
+            continue
+        for t, (turn, ref) in enumerate(zip(r["turns"], b["turns"]), start=1):
+            got, want = turn["tokens"], ref["tokens"]
+            if got != want:
+                pos = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))
+                mismatches.append({
+                    "question_id": r["question_id"], "category": r["category"], "method": r["method"], "turn": t,
+                    "position": pos, "tokens": len(got), "ar_tokens": len(want),
+                })
+                break  # later turns continue a different conversation
+    return mismatches
+
+
+def _aggregate(records: Sequence[dict]) -> dict:
+    """One method's figures over some questions (Spec-Bench: speed per question, then the mean)."""
+    import numpy as np
+
+    speeds, lengths, walls = [], [], []
+    tokens = 0
+    proposed: Counter = Counter()
+    accepted: Counter = Counter()
+    times: Counter = Counter()
+    steps, peak = 0, 0.0
+    budgets = []
+    for r in records:
+        q_tokens = sum(t["new_tokens"] for t in r["turns"])
+        q_wall = sum(t["wall_s"] for t in r["turns"])
+        tokens += q_tokens
+        walls.append(q_wall)
+        speeds.append(q_tokens / q_wall if q_wall else 0.0)
+        for t in r["turns"]:
+            lengths += t["accept_lengths"]
+            steps += t["steps"]
+            proposed.update(t["proposed"])
+            accepted.update(t["accepted"])
+            times.update(t["time_s"])
+            peak = max(peak, t["peak_mem_mb"] or 0.0)
+            if t.get("budget_mean") is not None:
+                budgets.append((t["budget_mean"], t["steps"]))
+    total_proposed = sum(proposed.values())
+    out = {
+        "questions": len(records),
+        "turns": sum(len(r["turns"]) for r in records),
+        "new_tokens": tokens,
+        "wall_s": round(sum(walls), 3),
+        "wall_s_per_question": round(float(np.mean(walls)), 3) if walls else 0.0,
+        "tokens_per_s": round(float(np.mean(speeds)), 3) if speeds else 0.0,
+        "tau": round(sum(lengths) / len(lengths), 3) if lengths else 1.0,
+        "steps": steps,
+        "nodes_per_step": round(total_proposed / steps, 2) if steps and total_proposed else 0.0,
+        "proposed": dict(proposed),
+        "accepted": dict(accepted),
+        "time_s": {k: round(v, 3) for k, v in times.items()},
+        "peak_mem_mb": round(peak, 1) if peak else None,
+    }
+    if budgets:
+        n = sum(s for _, s in budgets)
+        out["budget_mean"] = round(sum(b * s for b, s in budgets) / n, 2) if n else None
+    return out
+
+
+def summarize(records: Sequence[dict], methods: Sequence[str], categories: Sequence[str]) -> dict:
+    """Per category and overall, per method: the figures and the speedup over ``ar``. Only questions that every
+    method finished count, so that all methods are compared on the same prompts."""
+    by_q: dict[str, dict[str, dict]] = {}
+    for r in records:
+        by_q.setdefault(json.dumps(r["question_id"]), {})[r["method"]] = r
+    complete = {q: m for q, m in by_q.items() if all(name in m for name in methods)}
+    groups = {c: [m for m in complete.values() if m[methods[0]]["category"] == c] for c in categories}
+    groups = {c: g for c, g in groups.items() if g}
+    groups["overall"] = list(complete.values())
+    out = {}
+    for group, qs in groups.items():
+        row = {name: _aggregate([q[name] for q in qs]) for name in methods}
+        base = row.get("ar", {}).get("tokens_per_s") or 0.0
+        for name in methods:
+            row[name]["speedup"] = round(row[name]["tokens_per_s"] / base, 3) if base else None
+        out[group] = row
+    return out
+
+
+def fingerprint(parts: dict) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# --- outputs ---------------------------------------------------------------------------------------------------
+def safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name.replace("@", "-b"))
+
+
+def write_answers(out_dir: Path, records: Sequence[dict], methods: Sequence[str], questions: Sequence[Question],
+                  model_id: str) -> list[Path]:
+    """One Spec-Bench answer file per method (``model_answer/<model_id>.jsonl`` layout, one line a question)."""
+    order = {json.dumps(q.question_id): i for i, q in enumerate(questions)}
+    paths = []
+    answers = out_dir / "answers"
+    answers.mkdir(parents=True, exist_ok=True)
+    for name in methods:
+        mine = sorted((r for r in records if r["method"] == name), key=lambda r: order.get(json.dumps(r["question_id"]), 0))
+        path = answers / f"{safe_name(name)}.jsonl"
+        with open(path, "w", encoding="utf-8") as f:
+            for r in mine:
+                line = {
+                    "question_id": r["question_id"],
+                    "category": r["category"],
+                    "answer_id": hashlib.sha256(f"{model_id}-{name}-{r['question_id']}".encode()).hexdigest()[:22],
+                    "model_id": f"{model_id}-{safe_name(name)}",
+                    "choices": [{
+                        "index": 0,
+                        "turns": [t["text"] for t in r["turns"]],
+                        "new_tokens": [t["new_tokens"] for t in r["turns"]],
+                        "wall_time": [t["wall_s"] for t in r["turns"]],
+                        "accept_lengths": [x for t in r["turns"] for x in (t["accept_lengths"] or [1] * t["new_tokens"])],
+                    }],
+                    "tstamp": r.get("tstamp", time.time()),
+                }
+                f.write(json.dumps(line, ensure_ascii=False) + "\n")
+        paths.append(path)
+    return paths
+
+
+def environment(device: str) -> dict:
+    """Package versions and the device, for results.json."""
+    from importlib import metadata
+
+    versions = {"python": platform.python_version()}
+    for pkg in ("graft-sd", "torch", "transformers", "numpy", "matplotlib", "rich", "typer"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    import torch
+
+    info = {"device": device, "platform": platform.platform(), "torch_threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count()}
+    if device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device).index or 0)
+    else:
+        info["cpu"] = _cpu_name()
+    return {"versions": versions, "device": info}
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def table(summary: dict, methods: Sequence[str], title: str):
+    """Rich table: categories x methods, each cell the speedup over ar and tau (ar's cell: its tokens/s)."""
+    from rich.table import Table
+
+    t = Table(title=title, caption="cell: speedup over ar (Spec-Bench: mean tok/s ratio) and τ (tokens per target "
+              "forward); ar: its mean tok/s", caption_justify="left")
+    t.add_column("category")
+    for name in methods:
+        t.add_column(name, justify="right")
+    for group, row in summary.items():
+        cells = []
+        for name in methods:
+            m = row[name]
+            if name == "ar":
+                cells.append(f"{m['tokens_per_s']:.2f} tok/s")
+            else:
+                sp = f"{m['speedup']:.2f}x" if m["speedup"] is not None else "-"
+                cells.append(f"{sp} τ{m['tau']:.2f}")
+        t.add_row(group, *cells, end_section=group == list(summary)[-2] if len(summary) > 1 else False,
+                  style="bold" if group == "overall" else None)
+    return t
+
+
+# --- the whole command -----------------------------------------------------------------------------------------
+@dataclass
+class BenchOptions:
+    model: str
+    draft: str | None = None
+    dataset: str = "spec-bench"
+    categories: list[str] | None = None
+    limit: int | None = None
+    max_new_tokens: int = 128
+    methods: list[str] = field(default_factory=lambda: ["all"])
+    budgets: list[Any] = field(default_factory=list)  # ints and/or "auto"; empty: the device default
+    options: dict[str, str] = field(default_factory=dict)  # retriever options (datastore=...)
+    device: str = "auto"
+    dtype: str = "auto"
+    out: Path = Path("bench-results")
+    resume: bool = False
+    warmup: bool = True
+    plots: bool = True
+    command: str = ""
+
+
+def _git_commit() -> str | None:
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode:
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _expand_methods(names: Sequence[str], engine_methods: Sequence[str], draft: str | None) -> tuple[list[str], bool]:
+    """``all`` means every engine method and every peer that can run; returns (names, explicit)."""
+    if list(names) == ["all"]:
+        peers = [p for p in PEERS if p != "hf-assisted" or draft]
+        return [*engine_methods, *peers], False
+    return list(names), True
+
+
+def build_runners(specs, loaded, draft_loaded, options, explicit: bool, warn: Callable[[str], None]):
+    """A runner per method spec; with ``all``, engine methods that cannot be built here (a datastore or a draft
+    model missing) are left out with a warning instead of failing the run."""
+    from graft_cli import methods
+    from graft_cli.loading import stop_ids
+    from graft_cli.target import Target
+
+    stop = stop_ids(loaded)
+    device = loaded.device
+    target = Target(loaded.model)
+    runners, kept = [], []
+    for spec in specs:
+        if spec.kind == "peer":
+            kwargs: dict = {}
+            if spec.method == "hf-pld":
+                kwargs["prompt_lookup_num_tokens"] = HF_PLD_TOKENS
+            elif spec.method == "hf-assisted":
+                if draft_loaded is None:
+                    raise GraftError("hf-assisted needs a draft model: give --draft MODEL")
+                kwargs["assistant_model"] = draft_loaded.model
+            runners.append(PeerRunner(spec.name, loaded.model, stop, device, **kwargs))
+        else:
+            config = methods.MethodConfig(spec.method, spec.budget, None, dict(options), draft_loaded.spec if draft_loaded else None)
+            try:
+                proposer = methods.build(config, loaded)
+            except GraftError as e:
+                if explicit or spec.method == "ar":
+                    raise GraftError(f"method {spec.name}: {e}") from e
+                warn(f"skipping {spec.name}: {e}")
+                continue
+            runners.append(EngineRunner(spec.name, target, proposer, stop, device))
+        kept.append(spec)
+    return runners, kept
+
+
+def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
+    """The whole ``graft bench``: returns the exit code (1 when a method was not lossless)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from graft_cli import methods
+    from graft_cli.catalog import model_checksum
+    from graft_cli.loading import load_model, stop_ids
+
+    console = console or Console(width=None if sys.stdout.isatty() else 200)
+    err = err_console or Console(stderr=True)
+    started = time.time()
+    path = resolve_dataset(opts.dataset)
+    questions = load_questions(path, opts.categories, opts.limit)
+    categories = categories_of(questions)
+    names, explicit = _expand_methods(opts.methods, methods.METHODS, opts.draft)
+    specs = plan_methods(names, methods.METHODS, opts.budgets)
+    if any(s.method == "hf-assisted" for s in specs) and not opts.draft:
+        raise GraftError("hf-assisted needs a draft model: give --draft MODEL")
+
+    err.print(f"graft bench: {len(questions)} questions ({', '.join(categories)}) from {path}")
+    loaded = load_model(opts.model, opts.device, opts.dtype)
+    draft_loaded = load_model(opts.draft, opts.device, opts.dtype) if opts.draft else None
+    device = loaded.device
+    dtype = str(next(loaded.model.parameters()).dtype).replace("torch.", "")
+    runners, specs = build_runners(specs, loaded, draft_loaded, opts.options, explicit, lambda m: err.print(f"graft: {m}"))
+    names = [s.name for s in specs]
+    stop = stop_ids(loaded)
+    conv = Conversation(loaded.tokenizer, stop)
+
+    checksum = model_checksum(loaded.path)
+    draft_checksum = model_checksum(draft_loaded.path) if draft_loaded else None
+    data_sha = _file_sha256(path)
+    commit = _git_commit()
+    env = environment(device)
+    common = {"model": checksum, "dataset": data_sha, "max_new_tokens": opts.max_new_tokens, "device": device,
+              "dtype": dtype, "threads": env["device"]["torch_threads"]}
+    fingerprints = {}
+    for s in specs:
+        parts = dict(common, spec=s.as_dict())
+        if s.method == "hf-assisted" or (s.kind == "engine" and s.method != "ar"):
+            parts.update(draft=draft_checksum, options=opts.options)
+        fingerprints[s.name] = fingerprint(parts)
+
+    out_dir = Path(opts.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs_path = out_dir / "runs.jsonl"
+    done = read_runs(runs_path, fingerprints) if opts.resume else {}
+    if not opts.resume and runs_path.exists():
+        runs_path.unlink()
+    wanted = {json.dumps(q.question_id) for q in questions}
+    done = {k: r for k, r in done.items() if k[0] in wanted}
+    old = {r.get("commit") for r in done.values()} - {commit}
+    if done:
+        err.print(f"graft bench: resuming: {len(done)} of {len(questions) * len(runners)} runs already done")
+        if old:
+            err.print(f"graft: warning: resumed runs come from other code versions ({', '.join(map(str, old))})")
+    todo = [r for r in runners if any((json.dumps(q.question_id), r.name) not in done for q in questions)]
+    if opts.warmup and todo:
+        with err.status("warming up"):
+            warm_up(todo, conv)
+
+    total = len(questions) * len(runners)
+    per_method_time: Counter = Counter()
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TimeRemainingColumn(), console=err, transient=False)
+
+    def on_record(record: dict) -> None:
+        wall = sum(t["wall_s"] for t in record["turns"])
+        toks = sum(t["new_tokens"] for t in record["turns"])
+        taus = [x for t in record["turns"] for x in t["accept_lengths"]]
+        per_method_time[record["method"]] += wall
+        progress.console.print(
+            f"  {record['question_id']!s:>5} {record['category']:<15} {record['method']:<14} {toks:>5} tok "
+            f"{wall:7.2f} s {toks / wall if wall else 0:7.2f} tok/s  τ {sum(taus) / len(taus) if taus else 1:.2f}",
+            highlight=False,
+        )
+        progress.advance(task)
+
+    t_run = perf_counter()
+    interrupted = None
+    with progress:
+        task = progress.add_task("bench", total=total, completed=len(done))
+        try:
+            records = execute(questions, runners, conv, opts.max_new_tokens, runs_path, done, fingerprints, on_record,
+                              {"commit": commit})
+        except KeyboardInterrupt as e:
+            interrupted = e
+            records = list(read_runs(runs_path, fingerprints).values())
+    run_s = perf_counter() - t_run
+
+    summary = summarize(records, names, categories)
+    mismatches = check_lossless(records)
+    model_id = Path(str(opts.model)).name
+    config = {
+        "command": opts.command,
+        "argv": sys.argv,
+        "model": {"spec": opts.model, "path": str(loaded.path), "checksum": checksum},
+        "draft": {"spec": opts.draft, "path": str(draft_loaded.path), "checksum": draft_checksum} if draft_loaded else None,
+        "dataset": {"spec": opts.dataset, "path": str(path), "sha256": data_sha},
+        "categories": categories,
+        "limit": opts.limit,
+        "questions": len(questions),
+        "max_new_tokens": opts.max_new_tokens,
+        "methods": [s.as_dict() for s in specs],
+        "budgets": opts.budgets,
+        "default_budget": methods.default_budget(device),
+        "options": opts.options,
+        "dtype": dtype,
+        "sampling": "greedy",
+        "warmup": opts.warmup,
+        "interleaving": "question by question, method order rotating by one per question",
+        "commit": commit,
+        **env,
+    }
+    n_done = sum(len(r["turns"]) for r in records)
+    timing = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "total_s": round(time.time() - started, 1),
+        "run_s": round(run_s, 1),
+        "turns": n_done,
+        "method_s_per_question": {m: round(per_method_time[m] / max(1, len(questions)), 2) for m in names},
+        "wall_s_per_question_all_methods": round(
+            sum(sum(t["wall_s"] for t in r["turns"]) for r in records) / max(1, len({record_key(r)[0] for r in records})), 2),
+    }
+    results = {
+        "schema": RESULTS_SCHEMA,
+        "config": config,
+        "summary": summary,
+        "lossless": {"ok": not mismatches, "mismatches": mismatches},
+        "timing": timing,
+        "prompts": [{k: v for k, v in r.items()} for r in records],
+        "complete": interrupted is None and len(records) == total,
+    }
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
+    write_answers(out_dir, records, names, questions, model_id)
+    if opts.plots and summary.get("overall"):
+        from graft_cli import plots
+
+        plots.write_all(out_dir, results)
+    n_questions = summary.get("overall", {}).get("ar", {}).get("questions", 0)
+    title = f"{model_id} on {opts.dataset}: {n_questions} questions, {opts.max_new_tokens} new tokens, {device}"
+    console.print(table(summary, names, title))
+    err.print(f"graft bench: results in {out_dir}/ (results.json, answers/, runs.jsonl"
+              f"{', plots' if opts.plots else ''})")
+    if interrupted is not None:
+        raise interrupted
+    if mismatches:
+        for m in mismatches:
+            err.print(f"graft: error: not lossless: {m['method']} differs from ar on question {m['question_id']} "
+                      f"({m['category']}), turn {m['turn']}, token {m['position']}", highlight=False)
+        return 1
+    return 0

@@ -1,0 +1,203 @@
+"""``--budget auto``: measure what verification costs on this device, then let each step pick its tree size.
+
+The target's forward latency is measured once per model, device and dtype against the number of tokens fed
+(the root plus the tree), over a KV cache of a few hundred tokens, and cached as JSON under
+``graft_home()/profiles/``. :class:`AutoBudget` wraps any proposer: it lets the proposer grow a tree up to a
+generous cap, then keeps the best-scored nodes that maximise expected accepted tokens per second of
+verification, ``(1 + sum of kept scores) / latency(kept + 1)``. Node scores are the proposers' acceptance
+estimates, which the proposer keeps calibrated from the running acceptance statistics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from statistics import median
+from typing import Callable, Sequence
+
+from graft_cli.budget import LatencyModel
+from graft_cli.errors import GraftError
+
+CPU_SIZES = (1, 2, 4, 8, 16, 32, 64)
+CUDA_SIZES = (1, 2, 4, 8, 16, 32, 64, 96, 128)
+CONTEXT = 320  # tokens in the KV cache while measuring
+REPEATS = 5
+PROFILE_VERSION = 1
+
+
+def parse_budget(value: str | int | None) -> int | str | None:
+    """``--budget`` text to what MethodConfig takes: None, a positive int, or "auto"."""
+    if value is None or isinstance(value, int):
+        if isinstance(value, int) and value < 0:
+            raise GraftError(f"--budget must be 'auto' or a number >= 0, got {value}")
+        return value
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    try:
+        number = int(text)
+    except ValueError:
+        raise GraftError(f"--budget must be 'auto' or a number of tree nodes, got '{value}'") from None
+    if number < 0:
+        raise GraftError(f"--budget must be 'auto' or a number >= 0, got {value}")
+    return number
+
+
+def device_label(device: str) -> str:
+    """What the profile depends on besides the model: the accelerator's name, or the CPU thread count."""
+    import torch
+
+    if device.startswith("cuda"):
+        index = torch.device(device).index or 0
+        name = torch.cuda.get_device_name(index)
+        return "cuda-" + re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")
+    return f"cpu-{torch.get_num_threads()}t"
+
+
+def profile_path(checksum: str, device: str, dtype: str) -> Path:
+    from graft_cli.catalog import graft_home
+
+    return graft_home() / "profiles" / f"{checksum}-{device}-{dtype}.json"
+
+
+def measure(model, sizes: Sequence[int], context: int = CONTEXT, repeats: int = REPEATS) -> dict[int, float]:
+    """Median seconds of one verification forward feeding ``n`` tokens (a chain tree of n-1 nodes), by n.
+
+    Sizes are interleaved within every repeat so that machine drift hits all of them alike; each forward is
+    rolled back so the cache holds ``context`` tokens every time.
+    """
+    import torch
+
+    from graft_cli.target import Target
+    from graft_cli.tree import ROOT, Tree
+
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (context + max(sizes),), generator=gen).tolist()
+    target = Target(model)
+    target.prefill(ids[:context])
+    cuda = target.device.type == "cuda"
+    trees = {}
+    for n in sizes:
+        tree = Tree()
+        tree.add_path(ids[context + 1 : context + n], [0.5] * (n - 1), "profile", ROOT)
+        trees[n] = tree
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for rep in range(repeats + 1):  # the first round warms up and is not counted
+        for n in sizes:
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            target.verify(ids[context], trees[n])
+            if cuda:
+                torch.cuda.synchronize()
+            elapsed = time.perf_counter() - t0
+            target.keep([], n)
+            if rep:
+                times[n].append(elapsed)
+    return {n: median(ts) for n, ts in times.items()}
+
+
+def load_profile(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("version") != PROFILE_VERSION or not data.get("latency_s"):
+        return None
+    return data
+
+
+def profile(loaded, refresh: bool = False, quiet: bool = False) -> dict:
+    """The latency profile of ``loaded`` on its device: read from the cache, else measured and cached."""
+    import torch
+
+    from graft_cli.catalog import model_checksum
+
+    device = loaded.device
+    dtype = str(next(loaded.model.parameters()).dtype).replace("torch.", "")
+    label = device_label(device)
+    path = profile_path(model_checksum(loaded.path), label, dtype)
+    if not refresh:
+        cached = load_profile(path)
+        if cached is not None:
+            return cached
+    sizes = CUDA_SIZES if device.startswith("cuda") else CPU_SIZES
+    if not quiet:
+        print(f"graft: measuring verification latency of {loaded.spec} on {label} (once; cached in {path})",
+              file=sys.stderr)
+    t0 = time.perf_counter()
+    latency = measure(loaded.model, sizes)
+    data = {
+        "version": PROFILE_VERSION,
+        "model": str(loaded.spec),
+        "path": str(loaded.path),
+        "device": label,
+        "dtype": dtype,
+        "context_tokens": CONTEXT,
+        "repeats": REPEATS,
+        "torch": torch.__version__,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "measure_s": round(time.perf_counter() - t0, 2),
+        "latency_s": {str(n): round(t, 6) for n, t in latency.items()},
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.replace(path)
+    except OSError as e:
+        print(f"graft: warning: cannot cache the latency profile in {path}: {e.strerror or e}", file=sys.stderr)
+    return data
+
+
+def latency_model(loaded, refresh: bool = False, quiet: bool = False) -> LatencyModel:
+    data = profile(loaded, refresh, quiet)
+    return LatencyModel({int(n): float(t) for n, t in data["latency_s"].items()})
+
+
+def cap(latency: LatencyModel) -> int:
+    """The largest tree worth growing: the widest measured forward (root included)."""
+    return max(latency.points) - 1
+
+
+class AutoBudget:
+    """A proposer whose every tree is cut to the size with the best expected accepted tokens per second."""
+
+    def __init__(self, inner, latency: LatencyModel) -> None:
+        self.inner, self.latency = inner, latency
+        self.wants_hidden = getattr(inner, "wants_hidden", False)
+        self.chosen: list[int] = []  # tree nodes kept per step, across every generation
+
+    def start(self, prompt, prefill) -> None:
+        self.inner.start(prompt, prefill)
+
+    def propose(self, context, stats):
+        tree = self.inner.propose(context, stats)
+        scores = [tree.nodes[i].score for i in tree.ranked()]
+        keep = self.latency.best_count(0, 0.0, scores)
+        self.chosen.append(keep)
+        budgets = getattr(stats, "budgets", None)
+        if budgets is not None:
+            budgets.append(keep)
+        return tree.select(keep)
+
+    def observe(self, step) -> None:
+        self.inner.observe(step)
+
+
+def build_auto(config, loaded, build: Callable):
+    """``methods.build`` for ``budget="auto"``: the proposer at a generous cap, on the measured latency model,
+    cut per step by :class:`AutoBudget`. Plain decoding (``ar``) has no tree and needs no profile."""
+    if config.method == "ar":
+        return build(replace(config, budget=0), loaded)
+    latency = latency_model(loaded)
+    inner = build(replace(config, budget=cap(latency)), loaded)
+    if hasattr(inner, "latency"):  # the proposer's own choice of retrieved nodes uses the same measured costs
+        inner.latency = latency
+    return AutoBudget(inner, latency)

@@ -334,27 +334,33 @@ class Corpus:
         info.bytes, info.sha256 = size, h.hexdigest()
 
     def _read_text(self, f: BinaryIO, info: SourceInfo, first: bytes = b"") -> Iterator[str]:
+        """One document per file, cut at line ends into pieces of about ``chunk_chars``. A file whose first
+        block is not UTF-8 text (or holds NUL bytes) is skipped whole; a bad byte found later ends the file
+        there, keeps the text before it, and is reported."""
         h = hashlib.sha256()
         decoder = codecs.getincrementaldecoder("utf-8")("strict")
         size = 0
         pending = ""
-        emitted = 0
         while True:
             block = first or f.read(READ_BLOCK)
             first = b""
             final = not block
+            bad = None
+            nul = block.find(b"\0")
             try:
-                if b"\0" in block:
-                    raise UnicodeDecodeError("utf-8", block, 0, 1, "NUL byte")
+                if nul >= 0:
+                    raise UnicodeDecodeError("utf-8", block, nul, nul + 1, "NUL byte")
                 pending += decoder.decode(block, final=final)
             except UnicodeDecodeError as e:
-                if emitted == 0:
+                if size == 0:
                     raise _SkipFile("binary file" if e.reason == "NUL byte" else "not UTF-8 text")
-                # documents before the bad byte were already used: say so, and stop reading this file
-                self.stats.skipped_files.append(
-                    (info.path, f"not UTF-8 after byte {size}; the text before it was kept")
-                )
-                break
+                bad = size + max(e.start, 0)
+                good = block[: max(e.start, 0)]
+                try:  # the valid text before the bad byte (with any character begun in the previous block)
+                    pending += decoder.decode(good, final=True) if e.reason == "NUL byte" else good.decode("utf-8")
+                except UnicodeDecodeError:
+                    pending += good.decode("utf-8", "ignore")
+                block, final = good, True
             h.update(block)
             size += len(block)
             while len(pending) >= self.chunk_chars or (final and pending):
@@ -362,11 +368,9 @@ class Corpus:
                 if cut <= 0:
                     cut = self.chunk_chars
                 piece, pending = pending[:cut], pending[cut:]
-                before = info.documents
                 yield from self._emit(piece, info)
-                emitted += info.documents - before
-                if final and not pending:
-                    break
+            if bad is not None:
+                self.stats.skipped_files.append((info.path, f"not UTF-8 after byte {bad}; the text before it was kept"))
             if final:
                 break
         info.bytes, info.sha256 = size, h.hexdigest()

@@ -6,7 +6,8 @@ embedding table, weighted by position -- the last token counts most, each earlie
 and L2-normalised) and indexed with FAISS (exact inner-product search when small, IVF or HNSW when large, on
 the GPU when faiss-gpu is installed and the device is CUDA). A lookup takes the exact context when it exists
 (similarity 1) plus the nearest neighbours above ``min_sim``, ranks their next tokens by similarity x count,
-then extends the best paths with exact n-gram lookups, best first, until the budget is spent.
+then extends the best paths with exact n-gram lookups (from the best hit's context: the exact one, else the
+nearest neighbour's), best first, until the budget is spent.
 
 Files of one shard (rows ordered by context hash, so exact lookups are a binary search):
 
@@ -28,7 +29,7 @@ import numpy as np
 
 from datastores.errors import DatastoreError
 from datastores.suffix_array import Continuation, Lookup
-from datastores.tokenize import SEP, SEP_INT
+from datastores.tokenize import SEP
 
 BUILD_DEFAULTS: dict[str, Any] = {
     "n": 3,  # context length
@@ -36,12 +37,12 @@ BUILD_DEFAULTS: dict[str, Any] = {
     "min_count": 2,  # contexts seen fewer times are not stored
     "max_contexts": 1_000_000,  # the most frequent contexts kept
     "dim": 64,  # embedding dimensions after PCA
-    "decay": 0.5,  # weight ratio between a position and the next one
+    "decay": 0.7,  # weight ratio between a position and the next one
     "index": "auto",  # auto (flat up to flat_max, else ivf), flat, ivf, hnsw
     "flat_max": 50_000,
     "nprobe": 16,  # IVF lists searched per query (HNSW: efSearch = 4 * nprobe)
 }
-QUERY_DEFAULTS: dict[str, Any] = {"neighbours": 8, "min_sim": 0.5, "depth": 8, "budget": 64}
+QUERY_DEFAULTS: dict[str, Any] = {"neighbours": 8, "min_sim": 0.8, "depth": 8, "budget": 64}
 
 FNV_OFFSET = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
@@ -393,6 +394,9 @@ class NgramIndex:
                 weighted[t] = weighted.get(t, 0.0) + sim * c
                 raw[t] = raw.get(t, 0) + c
         conf = max(hits.values())
+        # deeper levels continue from the best hit's context: the exact one, else the nearest neighbour's
+        best_si, best_row = max(hits, key=lambda key: hits[key])
+        base = [int(t) for t in self.shards[best_si].ctx[best_row]]
         nodes: list[Continuation] = []
         heap: list[tuple[float, int, int, int, int, tuple[int, ...]]] = []
         serial = 0
@@ -408,7 +412,7 @@ class NgramIndex:
             nodes.append(Continuation(tok, parent, len(path), int(count), -neg))
             if len(path) >= depth:
                 continue
-            nxt_ctx = (ctx + list(path))[-n:]
+            nxt_ctx = (base + list(path))[-n:]
             dist = self._exact_distribution(nxt_ctx)
             for t, (c, tot) in dist.items():
                 heapq.heappush(heap, (neg * c / tot, serial, t, idx, c, path))

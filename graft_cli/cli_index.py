@@ -346,7 +346,7 @@ def query(
     depth: int = typer.Option(8, "--depth", min=1, help="Longest continuation."),
     max_occurrences: int = typer.Option(512, "--max-occurrences", min=1, help="suffix-array: occurrences counted."),
     neighbours: int = typer.Option(8, "--neighbours", min=0, help="ngram: nearest contexts consulted."),
-    min_sim: float = typer.Option(0.5, "--min-sim", help="ngram: similarity a neighbour needs."),
+    min_sim: float = typer.Option(0.8, "--min-sim", help="ngram: similarity a neighbour needs."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Tokenise with this model's tokenizer instead of the store's copy."),
     as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
 ) -> None:

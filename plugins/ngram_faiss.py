@@ -4,7 +4,7 @@ Entry point ``ngram = "plugins.ngram_faiss:make"``. Options (strings; ``ngram.<k
 
 ``datastore``   store name (under ``$GRAFT_HOME/datastores``) or path -- required
 ``neighbours``  nearest stored contexts consulted besides the exact one (8; 0 = exact n-grams only)
-``min_sim``     cosine similarity a neighbour needs to count (0.5)
+``min_sim``     cosine similarity a neighbour needs to count (0.8)
 ``depth``       longest continuation proposed (8)
 
 Scores: at the first level, ``max similarity x sum(sim x count) / sum(sim x total)`` over the exact context and
@@ -29,7 +29,7 @@ class NgramRetriever:
         n = self.name
         self.params = {
             "neighbours": option(env, n, "neighbours", 8, int),
-            "min_sim": option(env, n, "min_sim", 0.5, float),
+            "min_sim": option(env, n, "min_sim", 0.8, float),
             "depth": option(env, n, "depth", 8, int),
         }
         if self.params["neighbours"] < 0 or self.params["depth"] < 1:

@@ -405,6 +405,8 @@ def execute(
     if runs_path is not None:
         runs_path.parent.mkdir(parents=True, exist_ok=True)
         out = open(runs_path, "a", encoding="utf-8")
+        if out.tell() and not runs_path.read_bytes().endswith(b"\n"):  # a line cut short by an interruption
+            out.write("\n")
     try:
         for question, runner in interleave(questions, runners):
             key = (json.dumps(question.question_id), runner.name)
@@ -701,6 +703,46 @@ def build_runners(specs, loaded, draft_loaded, options, explicit: bool, warn: Ca
     return runners, kept
 
 
+class shared_models:
+    """While active, ``graft_cli.loading.load_model`` returns the already loaded model for the same (spec, device,
+    dtype): drafter methods that load their ``--draft`` themselves share the one copy hf-assisted uses, so every
+    model is loaded once however many methods and budgets run. (Drafters do not modify the model: they keep
+    their own caches.)"""
+
+    def __init__(self, *loaded) -> None:
+        self.cache = {}
+        for item in loaded:
+            if item is not None:
+                self.add(item)
+
+    def add(self, item) -> None:
+        dtype = str(next(item.model.parameters()).dtype).replace("torch.", "")
+        for device in (item.device, item.device.split(":")[0], "auto"):
+            for d in (dtype, "auto"):
+                self.cache.setdefault((str(item.spec), device, d), item)
+
+    def __enter__(self) -> shared_models:
+        from graft_cli import loading
+
+        self.original = loading.load_model
+
+        def load_model(spec, device="auto", dtype="auto"):
+            key = (str(spec), str(device), str(dtype))
+            if key not in self.cache:
+                item = self.original(spec, device, dtype)
+                self.add(item)
+                self.cache[key] = item
+            return self.cache[key]
+
+        loading.load_model = load_model
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from graft_cli import loading
+
+        loading.load_model = self.original
+
+
 def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     """The whole ``graft bench``: returns the exit code (1 when a method was not lossless)."""
     from rich.console import Console
@@ -726,7 +768,9 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     draft_loaded = load_model(opts.draft, opts.device, opts.dtype) if opts.draft else None
     device = loaded.device
     dtype = str(next(loaded.model.parameters()).dtype).replace("torch.", "")
-    runners, specs = build_runners(specs, loaded, draft_loaded, opts.options, explicit, lambda m: err.print(f"graft: {m}"))
+    with shared_models(loaded, draft_loaded):
+        runners, specs = build_runners(specs, loaded, draft_loaded, opts.options, explicit,
+                                       lambda m: err.print(f"graft: {m}"))
     names = [s.name for s in specs]
     stop = stop_ids(loaded)
     conv = Conversation(loaded.tokenizer, stop)

@@ -22,7 +22,7 @@ def generate(
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Catalog name, HF model directory or .gguf file."),
     method: str = typer.Option("pld", "--method", help="ar, pld, ... (see docs/architecture.md)."),
     draft: Optional[str] = typer.Option(None, "--draft", help="Draft model (catalog name or path) or eagle3:DIR."),
-    budget: Optional[int] = typer.Option(None, "--budget", help="Verified tree nodes per step (default: 16 on CPU, 60 on CUDA)."),
+    budget: Optional[str] = typer.Option(None, "--budget", help="Verified tree nodes per step (default: 16 on CPU, 60 on CUDA), or 'auto': measured on this device once, then chosen per step."),
     retrievers: Optional[str] = typer.Option(None, "--retrievers", help="Comma-separated retriever plugins."),
     datastore: Optional[str] = typer.Option(None, "--datastore", help="Datastore name or path for store retrievers."),
     retriever_opt: list[str] = typer.Option([], "--retriever-opt", help="KEY=VALUE option for retrievers (repeatable)."),
@@ -56,7 +56,9 @@ def generate(
         if not text.strip():
             raise GraftError("the prompt is empty")
     options = _options(retriever_opt, datastore)
-    config = MethodConfig(method, budget, retrievers.split(",") if retrievers else None, options, draft)
+    from graft_cli.profile import parse_budget
+
+    config = MethodConfig(method, parse_budget(budget), retrievers.split(",") if retrievers else None, options, draft)
     loaded = load_model(model, device, dtype)
     session = _Session(loaded, config, sampling, max_new_tokens, seed)
     session.raw = raw

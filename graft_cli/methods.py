@@ -18,7 +18,7 @@ METHODS = tuple(RETRIEVERS)
 @dataclass
 class MethodConfig:
     method: str = "ar"
-    budget: int | None = None  # verification nodes per step; None: the device's default
+    budget: int | str | None = None  # verification nodes per step; None: the device's default; "auto": measured
     retrievers: list[str] | None = None  # None: the method's default list
     options: dict[str, str] = field(default_factory=dict)  # retriever options, e.g. datastore=...
     draft: str | None = None  # draft model spec, or eagle3:DIR
@@ -43,6 +43,10 @@ def build(config: MethodConfig, loaded) -> GraftProposer:
     """The proposer for ``config`` over the target ``loaded`` (a graft_cli.loading.Loaded)."""
     if config.method not in RETRIEVERS:
         raise GraftError(f"unknown method '{config.method}' (choose from {', '.join(METHODS)})")
+    if config.budget == "auto":  # measured latency, tree size chosen per step (graft_cli/profile.py)
+        from graft_cli.profile import build_auto
+
+        return build_auto(config, loaded, build)
     device = loaded.device
     budget = config.budget if config.budget is not None else default_budget(device)
     if config.method == "ar":

@@ -27,7 +27,8 @@ CPU_SIZES = (1, 2, 4, 8, 16, 32, 64)
 CUDA_SIZES = (1, 2, 4, 8, 16, 32, 64, 96, 128)
 CONTEXT = 320  # tokens in the KV cache while measuring
 REPEATS = 5
-PROFILE_VERSION = 1
+NOISY = 0.5  # timings spread above this: warn that the machine was busy
+PROFILE_VERSION = 2
 
 
 def parse_budget(value: str | int | None) -> int | str | None:
@@ -65,8 +66,9 @@ def profile_path(checksum: str, device: str, dtype: str) -> Path:
     return graft_home() / "profiles" / f"{checksum}-{device}-{dtype}.json"
 
 
-def measure(model, sizes: Sequence[int], context: int = CONTEXT, repeats: int = REPEATS) -> dict[int, float]:
-    """Median seconds of one verification forward feeding ``n`` tokens (a chain tree of n-1 nodes), by n.
+def measure(model, sizes: Sequence[int], context: int = CONTEXT, repeats: int = REPEATS) -> dict[int, list[float]]:
+    """Seconds of one verification forward feeding ``n`` tokens (a chain tree of n-1 nodes): ``repeats``
+    timings per n.
 
     Sizes are interleaved within every repeat so that machine drift hits all of them alike; each forward is
     rolled back so the cache holds ``context`` tokens every time.
@@ -100,7 +102,23 @@ def measure(model, sizes: Sequence[int], context: int = CONTEXT, repeats: int = 
             target.keep([], n)
             if rep:
                 times[n].append(elapsed)
-    return {n: median(ts) for n, ts in times.items()}
+    return times
+
+
+def summarize(times: dict[int, list[float]]) -> tuple[dict[int, float], float]:
+    """The latency curve from raw timings, and how noisy they were.
+
+    Other work on the machine only ever adds time, so each size's fastest run is its cost estimate; a wider
+    forward never costs less than a narrower one, so the curve is made non-decreasing. Noise: the largest
+    (median - fastest) / fastest over the sizes.
+    """
+    curve, noise, floor = {}, 0.0, 0.0
+    for n in sorted(times):
+        fastest = min(times[n])
+        noise = max(noise, (median(times[n]) - fastest) / fastest if fastest > 0 else 0.0)
+        floor = max(floor, fastest)
+        curve[n] = floor
+    return curve, noise
 
 
 def load_profile(path: Path) -> dict | None:
@@ -114,7 +132,8 @@ def load_profile(path: Path) -> dict | None:
 
 
 def profile(loaded, refresh: bool = False, quiet: bool = False) -> dict:
-    """The latency profile of ``loaded`` on its device: read from the cache, else measured and cached."""
+    """The latency profile of ``loaded`` on its device: read from the cache, else measured and cached
+    (``refresh`` or ``GRAFT_REPROFILE=1`` measures again)."""
     import torch
 
     from graft_cli.catalog import model_checksum
@@ -123,7 +142,7 @@ def profile(loaded, refresh: bool = False, quiet: bool = False) -> dict:
     dtype = str(next(loaded.model.parameters()).dtype).replace("torch.", "")
     label = device_label(device)
     path = profile_path(model_checksum(loaded.path), label, dtype)
-    if not refresh:
+    if not refresh and os.environ.get("GRAFT_REPROFILE") != "1":
         cached = load_profile(path)
         if cached is not None:
             return cached
@@ -132,7 +151,11 @@ def profile(loaded, refresh: bool = False, quiet: bool = False) -> dict:
         print(f"graft: measuring verification latency of {loaded.spec} on {label} (once; cached in {path})",
               file=sys.stderr)
     t0 = time.perf_counter()
-    latency = measure(loaded.model, sizes)
+    raw = measure(loaded.model, sizes, repeats=REPEATS)
+    latency, noise = summarize(raw)
+    if noise > NOISY and not quiet:
+        print(f"graft: warning: the machine was busy while measuring (timings spread {noise:.0%}); the profile "
+              f"may be off: remeasure later with GRAFT_REPROFILE=1", file=sys.stderr)
     data = {
         "version": PROFILE_VERSION,
         "model": str(loaded.spec),
@@ -145,6 +168,8 @@ def profile(loaded, refresh: bool = False, quiet: bool = False) -> dict:
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "measure_s": round(time.perf_counter() - t0, 2),
         "latency_s": {str(n): round(t, 6) for n, t in latency.items()},
+        "noise": round(noise, 3),
+        "timings_s": {str(n): [round(t, 6) for t in ts] for n, ts in raw.items()},
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ class Stats:
     accept_lengths: list[int] = field(default_factory=list)  # tokens gained per verification step
     times: Counter = field(default_factory=Counter)  # seconds: prefill, propose, verify, accept, update
     wall: float = 0.0
+    budgets: list[int] = field(default_factory=list)  # tree nodes chosen per step under --budget auto
 
     @property
     def tau(self) -> float:
@@ -37,12 +38,15 @@ class Stats:
             "proposed": dict(self.proposed),
             "accepted": dict(self.accepted),
             "time_s": {k: round(v, 3) for k, v in self.times.items()},
+            **({"budget_mean": round(sum(self.budgets) / len(self.budgets), 2)} if self.budgets else {}),
         }
 
     def summary(self) -> str:
         """One human line for stderr."""
         by_source = ", ".join(f"{k} {v}" for k, v in sorted(self.accepted.items())) or "-"
         times = " ".join(f"{k} {v:.2f}s" for k, v in self.times.items())
+        if self.budgets:
+            times += f"; budget auto: {sum(self.budgets) / len(self.budgets):.1f} nodes per step"
         return (
             f"{self.new_tokens} tokens in {self.wall:.2f}s ({self.tokens_per_s:.1f} tok/s), "
             f"tau {self.tau:.2f} over {self.steps} steps; accepted: {by_source}; {times}"

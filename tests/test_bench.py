@@ -371,6 +371,12 @@ def test_cli_bench_rejects_bad_options(tmp_path, capsys):
 
 
 # --- the latency profile -----------------------------------------------------------------------------------------
+def test_profile_curve_takes_the_fastest_run_and_never_falls():
+    curve, noise = profile.summarize({1: [0.1, 0.3, 0.1], 2: [0.5, 0.4, 0.6], 4: [0.2, 0.3, 0.25], 8: [0.9, 1.0, 0.9]})
+    assert curve == {1: 0.1, 2: 0.4, 4: 0.4, 8: 0.9}  # a busy machine made n=2 look dearer than n=4
+    assert noise == pytest.approx(0.25)
+
+
 def test_profile_is_measured_once_and_cached(tiny_dir, tmp_path, monkeypatch):
     from graft_cli.loading import load_model
 
@@ -400,7 +406,7 @@ def test_build_auto_wraps_the_method_at_the_cap(tiny_dir, tmp_path, monkeypatch)
     from graft_cli.loading import load_model
 
     monkeypatch.setenv("GRAFT_HOME", str(tmp_path))
-    monkeypatch.setattr(profile, "measure", lambda model, sizes, **k: {n: 1.0 + n / 8 for n in (1, 2, 4, 8, 16)})
+    monkeypatch.setattr(profile, "measure", lambda model, sizes, **k: {n: [1.0 + n / 8] for n in (1, 2, 4, 8, 16)})
     loaded = load_model(str(tiny_dir), "cpu")
     seen = []
 
@@ -412,3 +418,17 @@ def test_build_auto_wraps_the_method_at_the_cap(tiny_dir, tmp_path, monkeypatch)
     assert isinstance(proposer, profile.AutoBudget) and seen == [15]
     assert proposer.latency.points[16] == 3.0
     assert not isinstance(profile.build_auto(methods.MethodConfig("ar", "auto"), loaded, fake_build), profile.AutoBudget)
+
+
+def test_generate_budget_auto_reports_the_chosen_budget(tiny_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GRAFT_HOME", str(tmp_path))
+    monkeypatch.setattr(profile, "CPU_SIZES", (1, 2, 4, 8))
+    monkeypatch.setattr(profile, "REPEATS", 1)
+    argv = ["generate", "--model", str(tiny_dir), "--method", "pld", "--budget", "auto", "--stats", "-n", "8",
+            "--prompt", "one two three one two three one two three"]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert "budget auto:" in err and "nodes per step" in err
+    assert len(list((tmp_path / "profiles").glob("*.json"))) == 1
+    code, _, err = run_cli([*argv[:-2], "--budget", "many", "--prompt", "x"], capsys)
+    assert code == 2 and "--budget must be 'auto'" in err

@@ -4,11 +4,13 @@ and no retrievers is plain decoding, retrievers alone are PLD/REST/Token Recycli
 
 from __future__ import annotations
 
+from collections import Counter
+from time import perf_counter
 from typing import Protocol, Sequence
 
 from graft_cli.budget import Calibration, LatencyModel
 from graft_cli.stats import Stats
-from graft_cli.tree import Tree
+from graft_cli.tree import ROOT, Tree
 from plugins.base import Retriever, Step
 
 
@@ -25,12 +27,24 @@ class Drafter(Protocol):
 
 
 class GraftProposer:
+    """``budget`` verified nodes per step: the drafter's (pruned) tree first, then the freed slots
+    ``budget - K_draft`` filled with retrieved nodes that share the root, best calibrated estimate first.
+
+    A retrieved path that begins like a draft path continues under that draft node (shared nodes cost no slot).
+    With ``tail=True`` (Graft(TAIL) over a chain drafter) retrievers that can look up any context
+    (``stateless = True``) also continue the drafted chain from its last token.
+
+    ``trace`` holds one record per step of the current request: draft nodes kept, retrieved nodes grafted, the
+    draft levels grown, and (after verification) accepted tokens by source.
+    """
+
     def __init__(
         self,
         budget: int,
         retrievers: Sequence[Retriever] = (),
         drafter: Drafter | None = None,
         latency: LatencyModel | None = None,
+        tail: bool = False,
     ) -> None:
         self.budget = budget
         self.retrievers = list(retrievers)
@@ -38,30 +52,83 @@ class GraftProposer:
         self.latency = latency or LatencyModel.default("cpu")
         self.calibration = Calibration()
         self.wants_hidden = bool(drafter and drafter.wants_hidden)
+        self.tail = tail
+        self.trace: list[dict] = []
 
     def start(self, prompt: Sequence[int], prefill: Step) -> None:
+        self.trace = []
         if self.drafter:
             self.drafter.start(prompt, prefill)
         for retriever in self.retrievers:
             retriever.start(prompt)
+            retriever.observe(prefill)  # the prefill is a target forward too (its last row: the root's)
 
     def propose(self, context: Sequence[int], stats: Stats) -> Tree:
-        tree = self.drafter.draft(context, self.budget, stats) if self.drafter else Tree()
-        room = self.budget - len(tree)
+        tree = self.drafter.draft(context, self.budget, stats) if self.drafter and self.budget > 0 else Tree()
+        drafted = len(tree)
+        record = {"draft": drafted, "retrieved": 0, "levels": getattr(self.drafter, "levels", 0)}
+        self.trace.append(record)
+        room = self.budget - drafted
         if room <= 0 or not self.retrievers:
             return tree
+        t0 = perf_counter()
         pool = Tree()
         for retriever in self.retrievers:
             pool.merge(self.calibration.apply(retriever.retrieve(context, room)))
-        # retrieved nodes only take a slot when the tokens they are expected to add pay for their verification
-        scores = [pool.nodes[i].score for i in pool.ranked()[:room]]
-        keep = self.latency.best_count(len(tree), sum(n.score for n in tree.nodes), scores)
-        tree.graft(pool.select(keep), self.budget)
+        if self.tail and drafted:
+            self._tail(pool, tree, context, room)
+        tree = self._graft(tree, pool)
+        record["retrieved"] = len(tree) - drafted
+        stats.times["retrieve"] += perf_counter() - t0
         return tree
+
+    def _graft(self, tree: Tree, pool: Tree) -> Tree:
+        """Graft ``pool`` best-first into the free slots, then keep only as many of the new nodes as pay for
+        their verification (expected tokens per second under the latency model)."""
+        drafted = len(tree)
+        merged = Tree()
+        merged.merge(tree)
+        merged.graft(pool, self.budget)
+        new = merged.nodes[drafted:]  # added best-first, so every prefix of them is prefix-closed
+        if not new:
+            return merged
+        keep = self.latency.best_count(drafted, sum(n.score for n in tree.nodes), [n.score for n in new])
+        if keep == len(new):
+            return merged
+        out = Tree()
+        for node in merged.nodes[: drafted + keep]:
+            out.add(node.parent, node.token, node.source, node.score, node.raw)
+        return out
+
+    def _tail(self, pool: Tree, chain: Tree, context: Sequence[int], room: int) -> None:
+        """Continue the drafted chain's deepest node with lookups from its last token (Graft(TAIL))."""
+        path = max(chain.paths(), key=len)
+        tokens = [chain.nodes[i].token for i in path]
+        parent = ROOT
+        for i in path:  # the chain itself, so the tail has somewhere to hang (merging costs no slot)
+            parent = pool.add(parent, chain.nodes[i].token, chain.nodes[i].source, chain.nodes[i].score)
+        base = chain.nodes[path[-1]].score
+        for retriever in self.retrievers:
+            if not getattr(retriever, "stateless", False):
+                continue
+            sub = self.calibration.apply(retriever.retrieve([*context, *tokens], room))
+            mapping = {ROOT: parent}
+            for j, node in enumerate(sub.nodes):
+                mapping[j] = pool.add(mapping[node.parent], node.token, node.source, base * node.score, node.raw)
 
     def observe(self, step: Step) -> None:
         if self.drafter:
             self.drafter.observe(step)
         for retriever in self.retrievers:
             retriever.observe(step)
-        self.calibration.observe(step.tree, [row - 1 for row in step.kept[1:]])
+        accepted = [row - 1 for row in step.kept[1:]]
+        self.calibration.observe(step.tree, accepted)
+        if self.trace:
+            self.trace[-1]["accepted"] = Counter(step.tree.nodes[i].source for i in accepted)
+
+    def close(self) -> None:
+        """End of the session: retrievers and drafters that keep state on disk save it (``close()``)."""
+        for part in [self.drafter, *self.retrievers]:
+            close = getattr(part, "close", None)
+            if callable(close):
+                close()

@@ -1,4 +1,17 @@
-"""Method names to proposers: each method is the one GraftProposer with some parts switched on."""
+"""Method names to proposers: each method is the one GraftProposer with some parts switched on.
+
+| method | drafter | pruning | retrievers (default) |
+|---|---|---|---|
+| ar | - | - | - |
+| pld | - | - | prompt |
+| recycling | - | - | recycling (Token Recycling's adjacency table) |
+| dense | --draft (required) | - | - (the EAGLE-2/3 baseline: the draft fills the whole budget) |
+| pruned | --draft (required) | --prune-at | - |
+| graft | --draft (optional) | --prune-at | prompt, recycling (+ suffix-array with --datastore) |
+
+``--chain`` makes the drafter draft one path; with ``graft`` that is Graft(TAIL): the confident prefix of the
+chain is kept and the rest of the budget is filled with retrieved tokens, from the root and after the chain.
+"""
 
 from __future__ import annotations
 
@@ -7,26 +20,51 @@ from dataclasses import dataclass, field
 from graft_cli.budget import LatencyModel
 from graft_cli.errors import GraftError
 from graft_cli.graft import GraftProposer
+from graft_cli.prune import PruneSchedule
 from plugins import load_factory
 from plugins.base import RetrieverEnv
 
-# method -> retrievers it uses by default (drafter methods are added with the drafters)
-RETRIEVERS = {"ar": [], "pld": ["prompt"]}
+# method -> retrievers it uses by default
+RETRIEVERS = {
+    "ar": [],
+    "pld": ["prompt"],
+    "recycling": ["recycling"],
+    "dense": [],
+    "pruned": [],
+    "graft": ["prompt", "recycling"],
+}
 METHODS = tuple(RETRIEVERS)
+NEEDS_DRAFT = ("dense", "pruned")
+TAKES_DRAFT = ("dense", "pruned", "graft")
+STORE_RETRIEVER = "suffix-array"  # joins graft's defaults when a --datastore is given
 
 
 @dataclass
 class MethodConfig:
-    method: str = "ar"
+    method: str = "graft"
     budget: int | str | None = None  # verification nodes per step; None: the device's default; "auto": measured
     retrievers: list[str] | None = None  # None: the method's default list
     options: dict[str, str] = field(default_factory=dict)  # retriever options, e.g. datastore=...
     draft: str | None = None  # draft model spec, or eagle3:DIR
+    depth: int | None = None  # draft levels at most; None: the device's default
+    draft_top_k: int | None = None  # children per expanded node and nodes expanded per level
+    prune_at: str | None = None  # "LEVEL:THRESHOLD[:SHARE],..."; None: graft-method's (0.35, 0.25, 0.15)
+    chain: bool = False  # draft one path (Graft(TAIL) with graft)
+    rope_theta: float | None = None  # EAGLE-3 heads: the RoPE base the head was trained with
 
 
 def default_budget(device: str) -> int:
     """CPUs pay for every verified token; GPUs verify dozens for the price of one."""
     return 60 if device.startswith("cuda") else 16
+
+
+def default_depth(device: str) -> int:
+    return 7 if device.startswith("cuda") else 6
+
+
+def default_draft_top_k(device: str) -> int:
+    """Every expanded node is a row of the draft forward: cheap on a GPU, not on a CPU."""
+    return 8 if device.startswith("cuda") else 3
 
 
 def make_retrievers(names: list[str], env: RetrieverEnv) -> list:
@@ -41,18 +79,43 @@ def make_retrievers(names: list[str], env: RetrieverEnv) -> list:
 
 def build(config: MethodConfig, loaded) -> GraftProposer:
     """The proposer for ``config`` over the target ``loaded`` (a graft_cli.loading.Loaded)."""
-    if config.method not in RETRIEVERS:
-        raise GraftError(f"unknown method '{config.method}' (choose from {', '.join(METHODS)})")
+    method = config.method
+    if method not in RETRIEVERS:
+        raise GraftError(f"unknown method '{method}' (choose from {', '.join(METHODS)})")
+    if method in NEEDS_DRAFT and not config.draft:
+        raise GraftError(f"--method {method} needs a drafter: --draft MODEL or --draft eagle3:DIR")
+    if config.draft and method not in TAKES_DRAFT:
+        raise GraftError(f"--method {method} does not use a drafter (use dense, pruned or graft with --draft)")
+    if config.chain and not config.draft:
+        raise GraftError("--chain needs a drafter (--draft)")
+    if config.prune_at is not None and method == "dense":
+        raise GraftError("--prune-at prunes the draft tree: use --method pruned or graft, not dense")
     if config.budget == "auto":  # measured latency, tree size chosen per step (graft_cli/profile.py)
         from graft_cli.profile import build_auto
 
         return build_auto(config, loaded, build)
     device = loaded.device
     budget = config.budget if config.budget is not None else default_budget(device)
-    if config.method == "ar":
+    if budget < 0:
+        raise GraftError("--budget must be >= 0")
+    if method == "ar":
         return GraftProposer(0)
-    names = config.retrievers if config.retrievers is not None else RETRIEVERS[config.method]
+    drafter = None
+    if config.draft:
+        from graft_cli.drafters import load_drafter
+
+        depth = config.depth if config.depth is not None else default_depth(device)
+        top_k = config.draft_top_k if config.draft_top_k is not None else default_draft_top_k(device)
+        if depth < 1 or top_k < 1:
+            raise GraftError("--depth and --draft-top-k must be at least 1")
+        prune = None if method == "dense" else PruneSchedule.parse(config.prune_at or "") if config.prune_at is not None else PruneSchedule.default()
+        drafter = load_drafter(config.draft, loaded, depth, top_k, prune, config.chain, config.rope_theta)
+    names = config.retrievers if config.retrievers is not None else list(RETRIEVERS[method])
+    if config.retrievers is None and method == "graft" and config.options.get("datastore"):
+        names.append(STORE_RETRIEVER)
     env = RetrieverEnv(
         vocab_size=loaded.model.config.vocab_size, device=device, tokenizer=loaded.tokenizer, options=config.options
     )
-    return GraftProposer(budget, make_retrievers(names, env), latency=LatencyModel.default(device))
+    return GraftProposer(
+        budget, make_retrievers(names, env), drafter=drafter, latency=LatencyModel.default(device), tail=config.chain
+    )

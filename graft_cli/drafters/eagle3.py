@@ -1,0 +1,312 @@
+"""EAGLE-3 draft heads: one decoder layer that drafts from the target's own hidden states.
+
+The head reads the target's hidden states at the inputs of decoder layers ``2, N//2, N-3`` (indices of
+transformers' ``hidden_states`` tuple), concatenated low | mid | high and fused by ``fc`` to its width. Row ``t``
+of the head pairs the target's features at position ``t`` with the token at ``t + 1`` (so draft positions are
+target positions minus one) and predicts the token at ``t + 2``; deeper tree levels feed the head's own output
+instead of fused target features. Its logits cover a reduced draft vocabulary; ``d2t`` maps draft id ``d`` to
+target id ``d + d2t[d]``.
+
+The head keeps its own KV cache of accepted pairs. Tree rows are dropped after each verification and the accepted
+tokens are fed again with the target's real features, as EAGLE does.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from graft_cli.drafters import TreeDrafter
+from graft_cli.errors import GraftError
+from graft_cli.prune import PruneSchedule
+from plugins.base import Step
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+
+
+@dataclass
+class HeadConfig:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    draft_vocab: int
+    rope_theta: float
+    eps: float
+    act: str
+
+
+def layer_indices(num_layers: int) -> tuple[int, int, int]:
+    """Which entries of the target's ``hidden_states`` tuple (inputs of decoder layers) the head fuses."""
+    return 2, num_layers // 2, num_layers - 3
+
+
+def expected_shapes(cfg: HeadConfig, target_hidden: int) -> dict[str, tuple[int, ...]]:
+    h, q, kv, i = cfg.hidden, cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.intermediate
+    return {
+        "fc.weight": (h, 3 * target_hidden),
+        "midlayer.input_layernorm.weight": (h,),
+        "midlayer.hidden_norm.weight": (h,),
+        "midlayer.post_attention_layernorm.weight": (h,),
+        "midlayer.self_attn.q_proj.weight": (q, 2 * h),
+        "midlayer.self_attn.k_proj.weight": (kv, 2 * h),
+        "midlayer.self_attn.v_proj.weight": (kv, 2 * h),
+        "midlayer.self_attn.o_proj.weight": (h, q),
+        "midlayer.mlp.gate_proj.weight": (i, h),
+        "midlayer.mlp.up_proj.weight": (i, h),
+        "midlayer.mlp.down_proj.weight": (h, i),
+        "norm.weight": (h,),
+        "lm_head.weight": (cfg.draft_vocab, h),
+    }
+
+
+class Eagle3Head:
+    """The head's weights and one forward over its own KV cache (plain tensors; nothing here trains)."""
+
+    def __init__(self, cfg: HeadConfig, weights: dict[str, torch.Tensor], embed: torch.Tensor, d2t: torch.Tensor) -> None:
+        self.cfg, self.w, self.embed, self.d2t = cfg, weights, embed, d2t
+        device = embed.device
+        half = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32, device=device) / cfg.head_dim
+        self.inv_freq = 1.0 / (cfg.rope_theta**half)
+        self.act = ACTIVATIONS[cfg.act]
+        self.reset()
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.w["fc.weight"].dtype
+
+    def reset(self) -> None:
+        c = self.cfg
+        self.keys = torch.zeros((c.kv_heads, 0, c.head_dim), dtype=self.dtype, device=self.device)
+        self.values = torch.zeros_like(self.keys)
+
+    @property
+    def length(self) -> int:
+        return self.keys.shape[1]
+
+    def crop(self, length: int) -> None:
+        self.keys, self.values = self.keys[:, :length], self.values[:, :length]
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """Concatenated target features ``[T, 3·Ht]`` to the head's width."""
+        return F.linear(features.to(self.dtype), self.w["fc.weight"])
+
+    def _norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.cfg.eps)
+        return self.w[name] * x32.to(x.dtype)
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        freqs = positions.to(self.device, torch.float32)[:, None] * self.inv_freq[None]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                allowed: torch.Tensor) -> torch.Tensor:
+        """Rows ``(hidden[i], tokens[i])`` at ``positions``; ``allowed`` ``[T, cache + T]`` (bool) says what each
+        row attends to. Appends their keys and values to the cache; returns the layer's outputs ``[T, H]``."""
+        c, w = self.cfg, self.w
+        t = tokens.shape[0]
+        emb = self.embed[tokens.to(self.device)].to(self.dtype)
+        x = torch.cat([self._norm(emb, "midlayer.input_layernorm.weight"),
+                       self._norm(hidden, "midlayer.hidden_norm.weight")], dim=-1)
+        q = F.linear(x, w["midlayer.self_attn.q_proj.weight"]).view(t, c.heads, c.head_dim).transpose(0, 1)
+        k = F.linear(x, w["midlayer.self_attn.k_proj.weight"]).view(t, c.kv_heads, c.head_dim).transpose(0, 1)
+        v = F.linear(x, w["midlayer.self_attn.v_proj.weight"]).view(t, c.kv_heads, c.head_dim).transpose(0, 1)
+        q, k = self._rope(q, positions), self._rope(k, positions)
+        self.keys = torch.cat([self.keys, k], dim=1)
+        self.values = torch.cat([self.values, v], dim=1)
+        groups = c.heads // c.kv_heads
+        keys = self.keys.repeat_interleave(groups, dim=0)
+        values = self.values.repeat_interleave(groups, dim=0)
+        bias = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        bias.masked_fill_(~allowed.to(self.device), torch.finfo(self.dtype).min)
+        attn = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=bias[None, None])[0]
+        h = hidden + F.linear(attn.transpose(0, 1).reshape(t, c.heads * c.head_dim), w["midlayer.self_attn.o_proj.weight"])
+        y = self._norm(h, "midlayer.post_attention_layernorm.weight")
+        mlp = self.act(F.linear(y, w["midlayer.mlp.gate_proj.weight"])) * F.linear(y, w["midlayer.mlp.up_proj.weight"])
+        return h + F.linear(mlp, w["midlayer.mlp.down_proj.weight"])
+
+    def logp(self, out: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities over the draft vocabulary."""
+        logits = F.linear(self._norm(out, "norm.weight"), self.w["lm_head.weight"])
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids + self.d2t[ids]
+
+
+def load_head(path: str, target: torch.nn.Module, rope_theta: float | None = None) -> Eagle3Head:
+    """Read an EAGLE-3 head directory (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``) for
+    ``target``. Every problem is one line of GraftError naming the directory."""
+    root = Path(path).expanduser()
+    where = f"eagle3 head {path}"
+    if not root.is_dir():
+        raise GraftError(f"{where}: not a directory")
+    try:
+        raw = json.loads((root / "config.json").read_text())
+    except FileNotFoundError:
+        raise GraftError(f"{where}: no config.json") from None
+    except (OSError, ValueError) as e:
+        raise GraftError(f"{where}: config.json is unreadable ({str(e).splitlines()[0]})") from None
+    tconf = target.config
+    target_hidden = tconf.hidden_size
+    embed_target = target.get_input_embeddings().weight
+    vocab = embed_target.shape[0]
+    try:
+        hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+        cfg = HeadConfig(
+            hidden=hidden,
+            heads=heads,
+            kv_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            intermediate=int(raw["intermediate_size"]),
+            vocab=int(raw.get("vocab_size") or vocab),
+            draft_vocab=int(raw.get("draft_vocab_size") or raw.get("vocab_size") or vocab),
+            rope_theta=float(rope_theta or raw.get("rope_theta") or 10000.0),
+            eps=float(raw.get("rms_norm_eps") or 1e-6),
+            act=str(raw.get("hidden_act") or "silu"),
+        )
+    except KeyError as e:
+        raise GraftError(f"{where}: config.json lacks {e.args[0]}") from None
+    except (TypeError, ValueError) as e:
+        raise GraftError(f"{where}: config.json has a bad value ({e})") from None
+    if cfg.heads % cfg.kv_heads:
+        raise GraftError(f"{where}: {cfg.heads} attention heads do not split into {cfg.kv_heads} key/value heads")
+    if cfg.act not in ACTIVATIONS:
+        raise GraftError(f"{where}: unsupported hidden_act '{cfg.act}'")
+    if tconf.num_hidden_layers < 3:
+        raise GraftError(f"{where}: the target has {tconf.num_hidden_layers} layers; EAGLE-3 needs at least 3")
+    weights = _read_weights(root, where)
+    weights = {k.removeprefix("model."): v for k, v in weights.items()}
+    for name, shape in expected_shapes(cfg, target_hidden).items():
+        if name not in weights:
+            raise GraftError(f"{where}: missing tensor '{name}'")
+        if tuple(weights[name].shape) != shape:
+            raise GraftError(f"{where}: tensor '{name}' has shape {list(weights[name].shape)}, expected {list(shape)}")
+    device, dtype = embed_target.device, embed_target.dtype
+    if "embed_tokens.weight" in weights:
+        embed = weights.pop("embed_tokens.weight")
+        if tuple(embed.shape) != (cfg.vocab, cfg.hidden):
+            raise GraftError(f"{where}: tensor 'embed_tokens.weight' has shape {list(embed.shape)}, "
+                             f"expected {[cfg.vocab, cfg.hidden]}")
+        embed = embed.to(device, dtype)
+    elif embed_target.shape[1] == cfg.hidden:
+        embed = embed_target
+    else:
+        raise GraftError(f"{where}: no 'embed_tokens.weight' and the target's embeddings are {embed_target.shape[1]} "
+                         f"wide, not the head's {cfg.hidden}")
+    if "d2t" in weights:
+        d2t = weights.pop("d2t")
+        if tuple(d2t.shape) != (cfg.draft_vocab,) or d2t.dtype.is_floating_point:
+            raise GraftError(f"{where}: 'd2t' must be {cfg.draft_vocab} integers, got {d2t.dtype} {list(d2t.shape)}")
+    elif cfg.draft_vocab <= vocab:
+        d2t = torch.zeros(cfg.draft_vocab, dtype=torch.long)
+    else:
+        raise GraftError(f"{where}: missing tensor 'd2t' (the draft vocabulary is larger than the target's)")
+    d2t = d2t.long()
+    mapped = torch.arange(cfg.draft_vocab) + d2t
+    if int(mapped.min()) < 0 or int(mapped.max()) >= min(vocab, cfg.vocab):
+        raise GraftError(f"{where}: 'd2t' maps draft ids outside the target vocabulary of {min(vocab, cfg.vocab)}")
+    keep = {name: weights[name].to(device, dtype) for name in expected_shapes(cfg, target_hidden)}
+    return Eagle3Head(cfg, keep, embed, d2t.to(device))
+
+
+def _read_weights(root: Path, where: str) -> dict[str, torch.Tensor]:
+    for name in WEIGHT_FILES:
+        file = root / name
+        if not file.exists():
+            continue
+        try:
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
+
+                return load_file(str(file))
+            state = torch.load(str(file), map_location="cpu", weights_only=True)
+        except Exception as e:  # truncated files, pickles with code in them, ...
+            raise GraftError(f"{where}: cannot read {name} ({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})") from None
+        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise GraftError(f"{where}: {name} does not hold a dictionary of tensors")
+        return state
+    raise GraftError(f"{where}: no weights ({' or '.join(WEIGHT_FILES)})")
+
+
+class Eagle3Drafter(TreeDrafter):
+    wants_hidden = True
+
+    def __init__(self, head: Eagle3Head, target: torch.nn.Module, depth: int = 6, top_k: int = 4,
+                 prune: PruneSchedule | None = None, chain: bool = False) -> None:
+        super().__init__(depth, top_k, prune, chain)
+        self.head = head
+        self.layers = layer_indices(target.config.num_hidden_layers)
+        self.num_states = target.config.num_hidden_layers + 1
+        self.pending_features: list[torch.Tensor] = []  # [n, 3·Ht] target features of pairs not yet fed
+        self.pending_tokens: list[int] = []
+        self.committed = 0  # pairs in the head's cache
+        self.next_position = 0
+
+    def _features(self, hidden: tuple[torch.Tensor, ...] | None, rows: list[int]) -> torch.Tensor:
+        if hidden is None or len(hidden) != self.num_states:
+            raise GraftError("the EAGLE-3 head needs the target's hidden states of every layer")
+        index = torch.tensor(rows, device=hidden[0].device)
+        return torch.cat([hidden[i].index_select(0, index) for i in self.layers], dim=-1)
+
+    def start(self, prompt: Sequence[int], prefill: Step) -> None:
+        super().start(prompt, prefill)
+        self.head.reset()
+        self.committed = 0
+        # pair (features at t, token t + 1): the prompt's positions with the next prompt token, the last with
+        # the token the prefill chose
+        self.pending_features = [self._features(prefill.hidden, list(prefill.kept))]
+        self.pending_tokens = [*list(prompt)[1:], *prefill.accepted[:1]]
+
+    def observe(self, step: Step) -> None:
+        super().observe(step)
+        # the root and every accepted node, each paired with the token that followed it
+        self.pending_features.append(self._features(step.hidden, list(step.kept)))
+        self.pending_tokens.extend(step.accepted)
+
+    def _drop_tree(self, keep_rows: list[int]) -> None:
+        self.head.crop(self.committed)
+        self.tree_rows = 0
+
+    def _root(self, context: Sequence[int]) -> tuple[torch.Tensor, Any]:
+        head = self.head
+        features = torch.cat(self.pending_features, dim=0)
+        tokens = torch.tensor(self.pending_tokens, dtype=torch.long)
+        n, past = tokens.shape[0], self.committed
+        if n == 0:
+            raise RuntimeError("nothing new for the EAGLE-3 head to read")
+        positions = torch.arange(past, past + n)
+        allowed = torch.ones((n, past + n), dtype=torch.bool).tril(diagonal=past)
+        out = head.forward(tokens, head.fuse(features), positions, allowed)
+        self.committed += n
+        self.pending_features, self.pending_tokens = [], []
+        self.next_position = past + n  # where the root's children sit
+        return head.logp(out[-1]), out[-1:]
+
+    def _grow(self, tokens: torch.Tensor, states: Any, depth: int, mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        n = tokens.shape[0]
+        positions = torch.full((n,), self.next_position + depth - 1, dtype=torch.long)
+        allowed = torch.cat([torch.ones((n, self.committed), dtype=torch.bool), mask], dim=1)
+        out = self.head.forward(tokens, states, positions, allowed)
+        return self.head.logp(out), out
+
+    def _to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head.to_target(ids)

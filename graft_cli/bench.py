@@ -256,6 +256,12 @@ class EngineRunner:
         )
 
 
+    def close(self) -> None:
+        close = getattr(self.proposer, "close", None)
+        if callable(close):
+            close()
+
+
 class _StepCounter:
     """A generate() streamer that only counts the tokens of each step (the first put is the prompt)."""
 
@@ -690,7 +696,8 @@ def build_runners(specs, loaded, draft_loaded, options, explicit: bool, warn: Ca
                 kwargs["assistant_model"] = draft_loaded.model
             runners.append(PeerRunner(spec.name, loaded.model, stop, device, **kwargs))
         else:
-            config = methods.MethodConfig(spec.method, spec.budget, None, dict(options), draft_loaded.spec if draft_loaded else None)
+            config = methods.MethodConfig(method=spec.method, budget=spec.budget, options=dict(options),
+                                          draft=draft_loaded.spec if draft_loaded and spec.method != "ar" else None)
             try:
                 proposer = methods.build(config, loaded)
             except GraftError as e:
@@ -834,6 +841,11 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         except KeyboardInterrupt as e:
             interrupted = e
             records = list(read_runs(runs_path, fingerprints).values())
+        finally:
+            for runner in runners:  # retrievers that keep state on disk (when asked to) save it
+                close = getattr(runner, "close", None)
+                if callable(close):
+                    close()
     run_s = perf_counter() - t_run
 
     summary = summarize(records, names, categories)

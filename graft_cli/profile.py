@@ -215,6 +215,11 @@ class AutoBudget:
     def observe(self, step) -> None:
         self.inner.observe(step)
 
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if callable(close):
+            close()
+
 
 def build_auto(config, loaded, build: Callable):
     """``methods.build`` for ``budget="auto"``: the proposer at a generous cap, on the measured latency model,

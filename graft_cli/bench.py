@@ -30,6 +30,7 @@ from graft_cli.errors import GraftError
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATASETS = {"spec-bench": "spec_bench_question.jsonl", "mt-bench": "mt_bench_question.jsonl"}
 PEERS = ("hf", "hf-pld", "hf-assisted")
+MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 HF_PLD_TOKENS = 10
 RESULTS_SCHEMA = 1
 WARMUP_PROMPT = "Write three short sentences about the sea."
@@ -512,14 +513,20 @@ def _aggregate(records: Sequence[dict]) -> dict:
 
 
 def summarize(records: Sequence[dict], methods: Sequence[str], categories: Sequence[str]) -> dict:
-    """Per category and overall, per method: the figures and the speedup over ``ar``. Only questions that every
-    method finished count, so that all methods are compared on the same prompts."""
+    """Per category (plus ``mt_bench``, MT-Bench's eight categories together, as Spec-Bench reports them) and
+    overall, per method: the figures and the speedup over ``ar``. Only questions that every method finished
+    count, so that all methods are compared on the same prompts."""
     by_q: dict[str, dict[str, dict]] = {}
     for r in records:
         by_q.setdefault(json.dumps(r["question_id"]), {})[r["method"]] = r
     complete = {q: m for q, m in by_q.items() if all(name in m for name in methods)}
     groups = {c: [m for m in complete.values() if m[methods[0]]["category"] == c] for c in categories}
     groups = {c: g for c, g in groups.items() if g}
+    mt = [c for c in groups if c in MT_BENCH]
+    if len(mt) > 1 and len(mt) < len(groups):  # Spec-Bench reports MT-Bench's eight categories as one task too
+        at = list(groups).index(mt[-1]) + 1
+        items = list(groups.items())
+        groups = dict([*items[:at], ("mt_bench", [q for c in mt for q in groups[c]]), *items[at:]])
     groups["overall"] = list(complete.values())
     out = {}
     for group, qs in groups.items():
@@ -674,6 +681,17 @@ def _expand_methods(names: Sequence[str], engine_methods: Sequence[str], draft: 
     return list(names), True
 
 
+def uses_draft(spec: MethodSpec) -> bool:
+    """Whether a method takes ``--draft``: hf-assisted, and the engine methods ``methods.TAKES_DRAFT`` names
+    (every engine method but ar where the module does not say)."""
+    from graft_cli import methods
+
+    if spec.kind == "peer":
+        return spec.method == "hf-assisted"
+    takes = getattr(methods, "TAKES_DRAFT", None)
+    return spec.method != "ar" and (takes is None or spec.method in takes)
+
+
 def build_runners(specs, loaded, draft_loaded, options, explicit: bool, warn: Callable[[str], None]):
     """A runner per method spec; with ``all``, engine methods that cannot be built here (a datastore or a draft
     model missing) are left out with a warning instead of failing the run."""
@@ -697,7 +715,7 @@ def build_runners(specs, loaded, draft_loaded, options, explicit: bool, warn: Ca
             runners.append(PeerRunner(spec.name, loaded.model, stop, device, **kwargs))
         else:
             config = methods.MethodConfig(method=spec.method, budget=spec.budget, options=dict(options),
-                                          draft=draft_loaded.spec if draft_loaded and spec.method != "ar" else None)
+                                          draft=draft_loaded.spec if draft_loaded and uses_draft(spec) else None)
             try:
                 proposer = methods.build(config, loaded)
             except GraftError as e:
@@ -792,8 +810,10 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     fingerprints = {}
     for s in specs:
         parts = dict(common, spec=s.as_dict())
-        if s.method == "hf-assisted" or (s.kind == "engine" and s.method != "ar"):
-            parts.update(draft=draft_checksum, options=opts.options)
+        if uses_draft(s):
+            parts.update(draft=draft_checksum)
+        if s.kind == "engine" and s.method != "ar":
+            parts.update(options=opts.options)
         fingerprints[s.name] = fingerprint(parts)
 
     out_dir = Path(opts.out)

@@ -142,6 +142,15 @@ def test_summary_uses_spec_bench_speedup_and_pooled_tau():
     assert summary["overall"]["fast"]["nodes_per_step"] == 2.0
 
 
+def test_summary_groups_mt_bench_like_spec_bench():
+    qs = [Question(1, "writing", ["a"]), Question(2, "coding", ["b"]), Question(3, "qa", ["c"])]
+    records = bench.execute(qs, [FakeRunner("ar")], FakeConv(), 2)
+    assert list(bench.summarize(records, ["ar"], ["writing", "coding", "qa"])) == \
+        ["writing", "coding", "mt_bench", "qa", "overall"]
+    assert bench.summarize(records, ["ar"], ["writing", "coding", "qa"])["mt_bench"]["ar"]["questions"] == 2
+    assert list(bench.summarize(records[:2], ["ar"], ["writing", "coding"])) == ["writing", "coding", "overall"]
+
+
 def test_runs_are_appended_and_resumed(tmp_path):
     runs = tmp_path / "runs.jsonl"
     fingerprints = {"ar": "f1", "x": "f2"}
@@ -305,35 +314,38 @@ def test_cli_bench_end_to_end_on_a_tiny_model(tiny_dir, tmp_path, capsys, monkey
     monkeypatch.setenv("GRAFT_HOME", str(tmp_path / "home"))
     out = tmp_path / "out"
     code, stdout, stderr = run_cli(["bench", "--model", str(tiny_dir), "--dataset", str(_dataset(tmp_path)),
-                                    "--limit", "1", "--max-new-tokens", "6", "--methods", "pld,hf,hf-pld",
-                                    "--out", str(out)], capsys)
+                                    "--limit", "1", "--max-new-tokens", "6", "--methods", "pld,hf,hf-pld,hf-assisted",
+                                    "--draft", str(tiny_dir), "--out", str(out)], capsys)
     assert code == 0, stderr
     assert "overall" in stdout and "hf-pld" in stdout and "tok/s" in stdout
     results = json.loads((out / "results.json").read_text())
     assert results["schema"] == 1 and results["complete"] and results["lossless"] == {"ok": True, "mismatches": []}
     config = results["config"]
-    assert [m["name"] for m in config["methods"]] == ["ar", "pld", "hf", "hf-pld"]
+    assert [m["name"] for m in config["methods"]] == ["ar", "pld", "hf", "hf-pld", "hf-assisted"]
+    assert config["draft"]["checksum"] == config["model"]["checksum"]
     assert len(config["model"]["checksum"]) == 64 and config["versions"]["torch"] and config["device"]["device"] == "cpu"
     assert config["command"].startswith("graft bench --model ") and "--max-new-tokens 6" in config["command"]
     assert set(results["summary"]) == {"chat", "code", "overall"}
-    for name in ("ar", "pld", "hf", "hf-pld"):
+    for name in ("ar", "pld", "hf", "hf-pld", "hf-assisted"):
         figs = results["summary"]["overall"][name]
         assert figs["questions"] == 2 and figs["turns"] == 3 and figs["new_tokens"] > 0 and figs["tokens_per_s"] > 0
         assert figs["speedup"] is not None and figs["peak_mem_mb"] > 0
     assert results["summary"]["overall"]["ar"]["speedup"] == 1.0
-    assert len(results["prompts"]) == 8 and "method_s_per_question" in results["timing"]
-    for name in ("ar", "pld", "hf", "hf-pld"):
+    assert results["summary"]["overall"]["hf-assisted"]["tau"] > 1  # the draft is the target itself
+    assert len(results["prompts"]) == 10 and "method_s_per_question" in results["timing"]
+    for name in ("ar", "pld", "hf", "hf-pld", "hf-assisted"):
         lines = (out / "answers" / f"{name}.jsonl").read_text().splitlines()
         assert [json.loads(x)["question_id"] for x in lines] == [1, 2]
         assert len(json.loads(lines[0])["choices"][0]["turns"]) == 2
     assert (out / "speedup_by_category.png").exists() and (out / "pareto.png").exists()
-    assert len((out / "runs.jsonl").read_text().splitlines()) == 8
+    assert len((out / "runs.jsonl").read_text().splitlines()) == 10
 
     # --resume with everything done runs nothing and reports the same figures
     code, stdout, stderr = run_cli(["bench", "--model", str(tiny_dir), "--dataset", str(_dataset(tmp_path)),
-                                    "--limit", "1", "--max-new-tokens", "6", "--methods", "pld,hf,hf-pld",
-                                    "--out", str(out), "--resume", "--no-warmup", "--no-plots"], capsys)
-    assert code == 0 and "8 of 8 runs already done" in stderr
+                                    "--limit", "1", "--max-new-tokens", "6", "--methods", "pld,hf,hf-pld,hf-assisted",
+                                    "--draft", str(tiny_dir), "--out", str(out), "--resume", "--no-warmup",
+                                    "--no-plots"], capsys)
+    assert code == 0 and "10 of 10 runs already done" in stderr, stderr
     again = json.loads((out / "results.json").read_text())
     assert again["summary"]["overall"]["pld"]["new_tokens"] == results["summary"]["overall"]["pld"]["new_tokens"]
 
@@ -356,6 +368,17 @@ def test_cli_bench_mismatch_exits_1_after_writing_results(tiny_dir, tmp_path, ca
     results = json.loads((out / "results.json").read_text())
     assert results["lossless"]["ok"] is False
     assert results["lossless"]["mismatches"][0]["question_id"] == 2
+
+
+def test_shared_models_hands_out_the_loaded_copy(tiny_dir):
+    from graft_cli import loading
+
+    loaded = loading.load_model(str(tiny_dir), "cpu")
+    original = loading.load_model
+    with bench.shared_models(loaded):
+        assert loading.load_model(str(tiny_dir), "cpu", "float32") is loaded
+        assert loading.load_model(str(tiny_dir)) is loaded
+    assert loading.load_model is original
 
 
 def test_cli_bench_rejects_bad_options(tmp_path, capsys):

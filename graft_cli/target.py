@@ -6,7 +6,9 @@ candidate tree, so the root's own logits (the distribution for depth 1) come out
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib.util import find_spec
 
 import torch
 from transformers import DynamicCache
@@ -27,6 +29,9 @@ class Target:
         self.dtype = next(model.parameters()).dtype
         self.cache = DynamicCache(config=model.config)
         self.length = 0  # tokens held in the cache
+        # FlashAttention cannot take a tree mask, but the prefill's plain causal mask suits it
+        cuda = self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16)
+        self.prefill_attention = "flash_attention_2" if cuda and find_spec("flash_attn") else None
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
@@ -37,9 +42,10 @@ class Target:
         """Run the whole prompt once; only the last position's logits are kept (FlashAttention is fine here)."""
         self.reset()
         x = torch.tensor([ids], device=self.device)
-        out = self.model(
-            input_ids=x, cache=self.cache, use_cache=True, output_hidden_states=hidden, logits_to_keep=1
-        )
+        with self._attention(self.prefill_attention):
+            out = self.model(
+                input_ids=x, cache=self.cache, use_cache=True, output_hidden_states=hidden, logits_to_keep=1
+            )
         self.length = len(ids)
         return self._forward(out, hidden)
 
@@ -82,6 +88,18 @@ class Target:
         if fed > len(rows):
             self.cache.crop(len(rows) - fed)
         self.length = past + len(rows)
+
+    @contextmanager
+    def _attention(self, implementation: str | None):
+        """Run a block under another attention implementation, then return to SDPA (which takes tree masks)."""
+        if implementation is None:
+            yield
+            return
+        self.model.set_attn_implementation(implementation)
+        try:
+            yield
+        finally:
+            self.model.set_attn_implementation("sdpa")
 
     @staticmethod
     def _forward(out, hidden: bool) -> Forward:

@@ -22,4 +22,4 @@ def test_gpu_check_runs(capsys):
         assert "no CUDA device" in capsys.readouterr().out
     assert gpu_check.main(["--device", "cpu", "--shape", "tiny", "--sizes", "1,4", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
-    assert "8/8 runs token-identical" in out and "| 4 |" in out
+    assert "16/16 runs token-identical" in out and "| 4 |" in out

@@ -28,6 +28,7 @@ def bench(
     retriever_opt: list[str] = typer.Option([], "--retriever-opt", help="KEY=VALUE option for retrievers (repeatable)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice)."),
     out: Path = typer.Option(Path("bench-results"), "--out", "-o", help="Directory for results.json, answers/, runs.jsonl and plots."),
     resume: bool = typer.Option(False, "--resume", help="Keep the finished runs in OUT/runs.jsonl that match this configuration; run the rest."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One short untimed generation per method first."),
@@ -63,6 +64,10 @@ def bench(
         plots=plots,
         command=_command_line(ctx),
     )
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     code = run_bench(opts)
     if code:
         raise SystemExit(code)  # after the results are written; typer.Exit would be swallowed by cli.main

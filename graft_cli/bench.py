@@ -405,8 +405,15 @@ def execute(
     fingerprints: dict[str, str] | None = None,
     on_record: Callable[[dict], None] | None = None,
     stamp: dict | None = None,
+    failed: dict[str, str] | None = None,
 ) -> list[dict]:
-    """Run what is not ``done`` yet, interleaved; append each record to ``runs_path`` as soon as it finishes."""
+    """Run what is not ``done`` yet, interleaved; append each record to ``runs_path`` as soon as it finishes.
+
+    A method that raises is dropped from the rest of the run (its error goes into ``failed``) and the others go
+    on; its finished questions stay in ``runs_path`` for a later ``--resume``."""
+    import traceback
+
+    failed = failed if failed is not None else {}
     done = dict(done or {})
     out = None
     if runs_path is not None:
@@ -417,9 +424,15 @@ def execute(
     try:
         for question, runner in interleave(questions, runners):
             key = (json.dumps(question.question_id), runner.name)
-            if key in done:
+            if key in done or runner.name in failed:
                 continue
-            record = run_question(runner, question, conv, max_new_tokens)
+            try:
+                record = run_question(runner, question, conv, max_new_tokens)
+            except Exception as e:  # noqa: BLE001 - one broken method must not lose hours of the others' runs
+                where = traceback.extract_tb(e.__traceback__)[-1]
+                failed[runner.name] = (f"question {question.question_id}: {type(e).__name__}: {e} "
+                                       f"({Path(where.filename).name}:{where.lineno})")
+                continue
             if fingerprints:
                 record["fingerprint"] = fingerprints.get(runner.name)
             record.update(stamp or {}, tstamp=round(time.time(), 3))
@@ -433,7 +446,7 @@ def execute(
         if out:
             out.close()
     wanted = {json.dumps(q.question_id) for q in questions}
-    names = {r.name for r in runners}
+    names = {r.name for r in runners} - set(failed)
     return [r for k, r in done.items() if k[0] in wanted and k[1] in names]
 
 
@@ -831,11 +844,11 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
             err.print(f"graft: warning: resumed runs come from other code versions ({', '.join(map(str, old))})")
     todo = [r for r in runners if any((json.dumps(q.question_id), r.name) not in done for q in questions)]
     if opts.warmup and todo:
-        with err.status("warming up"):
-            warm_up(todo, conv)
+        err.print(f"graft bench: warming up {len(todo)} methods")
+        warm_up(todo, conv)
 
     total = len(questions) * len(runners)
-    per_method_time: Counter = Counter()
+    failed: dict[str, str] = {}
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TimeRemainingColumn(), console=err, transient=False)
 
@@ -843,7 +856,6 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         wall = sum(t["wall_s"] for t in record["turns"])
         toks = sum(t["new_tokens"] for t in record["turns"])
         taus = [x for t in record["turns"] for x in t["accept_lengths"]]
-        per_method_time[record["method"]] += wall
         progress.console.print(
             f"  {record['question_id']!s:>5} {record['category']:<15} {record['method']:<14} {toks:>5} tok "
             f"{wall:7.2f} s {toks / wall if wall else 0:7.2f} tok/s  τ {sum(taus) / len(taus) if taus else 1:.2f}",
@@ -857,7 +869,7 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         task = progress.add_task("bench", total=total, completed=len(done))
         try:
             records = execute(questions, runners, conv, opts.max_new_tokens, runs_path, done, fingerprints, on_record,
-                              {"commit": commit})
+                              {"commit": commit}, failed)
         except KeyboardInterrupt as e:
             interrupted = e
             records = list(read_runs(runs_path, fingerprints).values())
@@ -867,6 +879,10 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
                 if callable(close):
                     close()
     run_s = perf_counter() - t_run
+    for name, error in failed.items():
+        err.print(f"graft: error: method {name} failed and was dropped: {error}", highlight=False)
+    names = [n for n in names if n not in failed]
+    records = [r for r in records if r["method"] in names]
 
     summary = summarize(records, names, categories)
     mismatches = check_lossless(records)
@@ -898,7 +914,7 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         "total_s": round(time.time() - started, 1),
         "run_s": round(run_s, 1),
         "turns": n_done,
-        "method_s_per_question": {m: round(per_method_time[m] / max(1, len(questions)), 2) for m in names},
+        "method_s_per_question": _per_question_seconds(records, names),
         "wall_s_per_question_all_methods": round(
             sum(sum(t["wall_s"] for t in r["turns"]) for r in records) / max(1, len({record_key(r)[0] for r in records})), 2),
     }
@@ -907,9 +923,10 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         "config": config,
         "summary": summary,
         "lossless": {"ok": not mismatches, "mismatches": mismatches},
+        "failed": failed,
         "timing": timing,
         "prompts": [{k: v for k, v in r.items()} for r in records],
-        "complete": interrupted is None and len(records) == total,
+        "complete": interrupted is None and not failed and len(records) == total,
     }
     (out_dir / "results.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
     write_answers(out_dir, records, names, questions, model_id)
@@ -924,9 +941,16 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
               f"{', plots' if opts.plots else ''})")
     if interrupted is not None:
         raise interrupted
-    if mismatches:
-        for m in mismatches:
-            err.print(f"graft: error: not lossless: {m['method']} differs from ar on question {m['question_id']} "
-                      f"({m['category']}), turn {m['turn']}, token {m['position']}", highlight=False)
-        return 1
-    return 0
+    for m in mismatches:
+        err.print(f"graft: error: not lossless: {m['method']} differs from ar on question {m['question_id']} "
+                  f"({m['category']}), turn {m['turn']}, token {m['position']}", highlight=False)
+    return 1 if mismatches or failed else 0
+
+
+def _per_question_seconds(records: Sequence[dict], names: Sequence[str]) -> dict[str, float]:
+    """Mean wall seconds per question of each method (every turn): what sizing a longer run needs."""
+    out = {}
+    for name in names:
+        walls = [sum(t["wall_s"] for t in r["turns"]) for r in records if r["method"] == name]
+        out[name] = round(sum(walls) / len(walls), 2) if walls else None
+    return out

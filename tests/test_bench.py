@@ -130,6 +130,23 @@ def test_mismatch_is_found_with_its_question_id():
                            "tokens": 5, "ar_tokens": 5}]
 
 
+class BrokenRunner(FakeRunner):
+    def run(self, ids, max_new_tokens):
+        if ids == [len("three")]:
+            raise RuntimeError("boom")
+        return super().run(ids, max_new_tokens)
+
+
+def test_a_failing_method_is_dropped_and_the_others_go_on(tmp_path):
+    failed, log = {}, []
+    runners = [FakeRunner("ar", log=log), BrokenRunner("broken", log=log)]
+    records = bench.execute(QUESTIONS, runners, FakeConv(), 3, tmp_path / "runs.jsonl", failed=failed)
+    assert list(failed) == ["broken"] and "question 2: RuntimeError: boom" in failed["broken"]
+    assert log.count("broken") == 2 and log.count("ar") == 4  # two turns of question 1, then question 2 fails
+    assert {r["method"] for r in records} == {"ar"} and len(records) == 3
+    assert len((tmp_path / "runs.jsonl").read_text().splitlines()) == 4  # broken's question 1 is kept for --resume
+
+
 def test_summary_uses_spec_bench_speedup_and_pooled_tau():
     runners = [FakeRunner("ar", speed=10.0), FakeRunner("fast", speed=25.0)]
     records = bench.execute(QUESTIONS, runners, FakeConv(), 4)

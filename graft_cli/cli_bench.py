@@ -85,8 +85,11 @@ def _command_line(ctx: typer.Context) -> str:
         if value is None or not param.opts:
             continue
         flag = max(param.opts, key=len)
-        if getattr(param, "is_flag", False) and param.secondary_opts:
-            parts.append(flag if value else max(param.secondary_opts, key=len))
+        if getattr(param, "is_flag", False):
+            if param.secondary_opts:
+                parts.append(flag if value else max(param.secondary_opts, key=len))
+            elif value:
+                parts.append(flag)
         elif isinstance(value, (list, tuple)):
             for v in value:
                 parts += [flag, str(v)]

@@ -363,6 +363,8 @@ def test_cli_bench_end_to_end_on_a_tiny_model(tiny_dir, tmp_path, capsys, monkey
                                     "--draft", str(tiny_dir), "--out", str(out), "--resume", "--no-warmup",
                                     "--no-plots"], capsys)
     assert code == 0 and "10 of 10 runs already done" in stderr, stderr
+    command = json.loads((out / "results.json").read_text())["config"]["command"]
+    assert command.endswith("--resume --no-warmup --no-plots") and "--draft " in command
     again = json.loads((out / "results.json").read_text())
     assert again["summary"]["overall"]["pld"]["new_tokens"] == results["summary"]["overall"]["pld"]["new_tokens"]
 

@@ -254,6 +254,31 @@ class _Shard:
                 pass
 
 
+def _best(counts: np.ndarray, depths: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the ``k`` best nodes by count, shallower first on ties, best first.
+
+    Linear time (a count histogram finds the threshold, a depth histogram splits the ties) instead of a
+    partition over thousands of nodes. A parent has at least its child's count and a smaller depth, so the
+    result is prefix-closed."""
+    n = counts.size
+    if k < n:
+        hist = np.bincount(counts)
+        at_least = np.cumsum(hist[::-1])[::-1]  # at_least[c] = nodes with count >= c
+        c_k = int(np.flatnonzero(at_least >= k)[-1])
+        sure = np.flatnonzero(counts > c_k)
+        tie = np.flatnonzero(counts == c_k)
+        need = k - sure.size
+        if need < tie.size:
+            td = depths[tie]
+            d_k = int(np.searchsorted(np.cumsum(np.bincount(td)), need))
+            tie = np.concatenate([tie[td < d_k], tie[td == d_k][: need - int((td < d_k).sum())]])
+        idx = np.concatenate([sure, tie])
+    else:
+        idx = np.arange(n)
+    top = int(depths.max()) + 2 if n else 1
+    return idx[np.argsort(-(counts[idx] * top) + depths[idx], kind="stable")]
+
+
 def continuation_trie(rows: np.ndarray, budget: int, prior: float = 1.0, total: int | None = None) -> list[Continuation]:
     """The best ``budget`` nodes of the trie of ``rows`` (one continuation per row, SEP-terminated).
 
@@ -265,47 +290,50 @@ def continuation_trie(rows: np.ndarray, budget: int, prior: float = 1.0, total: 
     m, depth = rows.shape if rows.ndim == 2 else (0, 0)
     if m == 0 or depth == 0 or budget <= 0:
         return []
-    rows = rows.copy()
-    dead = np.logical_or.accumulate(rows == SEP, axis=1)  # a separator ends the continuation
-    rows[dead] = SEP
-    order = np.lexsort(rows.T[::-1])
+    # a separator ends a continuation: everything from the first one on becomes SEP
+    is_sep = rows == SEP
+    if is_sep.any():
+        first_sep = np.where(is_sep.any(axis=1), is_sep.argmax(axis=1), depth)
+        rows = np.where(np.arange(depth) >= first_sep[:, None], SEP, rows)
+    # sort rows lexicographically: big-endian bytes compare like the token sequences (memcmp order)
+    order = np.argsort(np.ascontiguousarray(rows.astype(">u4")).view(f"S{4 * depth}").ravel(), kind="stable")
     s = rows[order]
-    newg = np.empty((m, depth), dtype=bool)  # row r opens a new group (distinct prefix) at depth d
-    newg[0] = True
-    np.logical_or.accumulate(s[1:] != s[:-1], axis=1, out=newg[1:])
-    # group sizes: distance to the next group start at the same depth (a closing start after the last row)
-    flat = np.concatenate([newg.T, np.ones((depth, 1), dtype=bool)], axis=1).ravel()
+    # the first column where each row differs from the previous one (depth when equal): from that depth on,
+    # the row opens a new group (a distinct prefix)
+    diff = np.ones((m - 1, depth + 1), dtype=bool)
+    np.not_equal(s[1:], s[:-1], out=diff[:, :depth])
+    first_diff = diff.argmax(axis=1)
+    # group starts, depth-major (d * (m + 1) + row), with a closing start after the last row of each depth
+    flat = np.ones((depth, m + 1), dtype=bool)
+    np.less_equal(first_diff[None, :], np.arange(depth)[:, None], out=flat[:, 1:m])
     nz = np.flatnonzero(flat)
-    lengths = np.diff(nz)
-    row_of = nz[:-1] % (m + 1)
-    d_of = nz[:-1] // (m + 1)
-    real = row_of < m
-    row_of, d_of, lengths = row_of[real], d_of[real], lengths[real]
-    node = s[row_of, d_of] != SEP  # a group of separators is where continuations end, not a node
-    row_of, d_of, counts = row_of[node], d_of[node], lengths[node]
+    lengths = np.diff(nz)  # group sizes: the distance to the next group start at the same depth
+    starts = nz[:-1]
+    # the token of each group (depth-major like ``flat``; the closing starts read SEP): separators are where
+    # continuations end, not nodes
+    cells = np.full((depth, m + 1), SEP, dtype=np.uint32)
+    cells[:, :m] = s.T
+    tok_of = cells.ravel()[starts]
+    ok = tok_of != SEP
+    starts, counts, tok_of = starts[ok], lengths[ok], tok_of[ok]
+    d_of, row_of = np.divmod(starts, m + 1)
     if counts.size == 0:
         return []
     tot = float(total if total is not None else m)
-    # rank by count, shallower first on ties: a parent always outranks its children
-    key = counts.astype(np.int64) * (depth + 1) + (depth - d_of)
-    k = min(budget, key.size)
-    pick = np.argpartition(-key, k - 1)[:k] if k < key.size else np.arange(key.size)
-    pick = pick[np.argsort(-key[pick], kind="stable")]
-    # the parent of the group at (row r, depth d) starts at the last group start <= r at depth d-1
-    last_start = np.maximum.accumulate(np.where(newg, np.arange(m)[:, None], 0), axis=0)
+    pick = _best(counts, d_of, budget)
+    # the parent of the group at (row r, depth d) is the last group start <= r at depth d - 1
+    prow = nz[np.searchsorted(nz, starts[pick] - (m + 1), side="right") - 1] % (m + 1)
     index: dict[tuple[int, int], int] = {}
     out: list[Continuation] = []
-    for i in pick.tolist():
-        d = int(d_of[i])
-        r = int(row_of[i])
+    tokens = tok_of[pick].tolist()
+    for d, r, pr, c, tok in zip(d_of[pick].tolist(), row_of[pick].tolist(), prow.tolist(), counts[pick].tolist(), tokens):
         parent = -1
         if d > 0:
-            parent = index.get((d - 1, int(last_start[r, d - 1])), -2)
+            parent = index.get((d - 1, pr), -2)
             if parent == -2:  # cannot happen: the selection is prefix-closed
                 continue
         index[(d, r)] = len(out)
-        c = int(counts[i])
-        out.append(Continuation(int(s[r, d]), parent, d + 1, c, c / (tot + prior)))
+        out.append(Continuation(tok, parent, d + 1, c, c / (tot + prior)))
     return out
 
 

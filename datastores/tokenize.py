@@ -137,23 +137,29 @@ def tokenize_stream(
         return
 
     import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     load_tokenizer(tokenizer_path)  # fail here, clearly, rather than in every worker
-    ctx = mp.get_context("spawn")
-    pool = ctx.Pool(jobs, initializer=_init_worker, initargs=(str(tokenizer_path),))
+    pool = ProcessPoolExecutor(
+        max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(str(tokenizer_path),)
+    )
     try:
         pending: deque = deque()
         for batch in batches(docs, batch_chars, shard):
-            pending.append((pool.apply_async(_encode_in_worker, (batch,)), sum(map(len, batch))))
+            pending.append((pool.submit(_encode_in_worker, batch), sum(map(len, batch))))
             while len(pending) >= 2 * jobs:
-                res, chars = pending.popleft()
-                arr, nd = res.get()
+                fut, chars = pending.popleft()
+                arr, nd = fut.result()
                 yield account(arr, nd, chars)
         while pending:
-            res, chars = pending.popleft()
-            arr, nd = res.get()
+            fut, chars = pending.popleft()
+            arr, nd = fut.result()
             yield account(arr, nd, chars)
-        pool.close()
+    except BrokenProcessPool as e:
+        raise DatastoreError(
+            "the tokenizer worker processes died (out of memory, or a __main__ that spawned processes cannot "
+            "import); retry with --jobs 1"
+        ) from e
     finally:
-        pool.terminate()
-        pool.join()
+        pool.shutdown(wait=True, cancel_futures=True)

@@ -160,6 +160,7 @@ def build(
     dim: Optional[int] = typer.Option(None, "--dim", help="ngram: embedding dimensions after PCA (64)."),
     faiss_index: Optional[str] = typer.Option(None, "--faiss", help="ngram: auto, flat, ivf or hnsw (auto)."),
     nprobe: Optional[int] = typer.Option(None, "--nprobe", help="ngram: IVF lists searched per query (16)."),
+    decay: Optional[float] = typer.Option(None, "--decay", help="ngram: weight ratio of each earlier context position (0.7)."),
     as_json: bool = typer.Option(False, "--json", help="Print the shard's manifest summary as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
 ) -> None:
@@ -174,7 +175,7 @@ def build(
         k: v
         for k, v in {
             "n": ngram_n, "top_k": top_k, "min_count": min_count, "max_contexts": max_contexts,
-            "dim": dim, "index": faiss_index, "nprobe": nprobe,
+            "dim": dim, "index": faiss_index, "nprobe": nprobe, "decay": decay,
         }.items()
         if v is not None
     }

@@ -474,3 +474,26 @@ def test_suffix_array_retriever_plugin(random_store, tmp_path):
         make(RetrieverEnv(vocab_size=201, options={"datastore": str(path), "depth": "deep"}))
     with pytest.raises(GraftError, match="no datastore"):
         make(RetrieverEnv(vocab_size=201, options={"datastore": str(tmp_path / "nope")}))
+
+
+def test_datastores_never_import_torch_or_transformers(tmp_path, model_dir):
+    """Building, opening and querying both kinds of store loads neither torch nor transformers."""
+    import subprocess
+    import sys
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", [[1, 2, 3, 4, 5]] * 4)
+    code = f"""
+import sys
+from datastores import build_store, open_store
+from datastores.build import build_store as b
+import datastores.corpus, datastores.tokenize, datastores.ngram_faiss, datastores.embeddings, datastores.store
+build_store([{str(corpus)!r}], {str(tmp_path / 'sa')!r}, model_dir={str(model_dir)!r})
+build_store([{str(corpus)!r}], {str(tmp_path / 'ng')!r}, model_dir={str(model_dir)!r}, kind="ngram", params={{"n": 2, "min_count": 1, "dim": 4}})
+assert open_store({str(tmp_path / 'sa')!r}).lookup([1, 2]).nodes
+assert open_store({str(tmp_path / 'ng')!r}).lookup([1, 2]).nodes
+bad = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))
+print(bad)
+assert not bad, bad
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    assert proc.returncode == 0, proc.stderr + proc.stdout

@@ -29,7 +29,7 @@ import numpy as np
 
 from datastores.errors import DatastoreError
 from datastores.suffix_array import Continuation, Lookup
-from datastores.tokenize import SEP
+from datastores.tokenize import SEP, SEP_INT
 
 BUILD_DEFAULTS: dict[str, Any] = {
     "n": 3,  # context length
@@ -40,7 +40,7 @@ BUILD_DEFAULTS: dict[str, Any] = {
     "decay": 0.7,  # weight ratio between a position and the next one
     "index": "auto",  # auto (flat up to flat_max, else ivf), flat, ivf, hnsw
     "flat_max": 50_000,
-    "nprobe": 16,  # IVF lists searched per query (HNSW: efSearch = 4 * nprobe)
+    "nprobe": 8,  # IVF lists searched per query (HNSW: efSearch = 4 * nprobe)
 }
 QUERY_DEFAULTS: dict[str, Any] = {"neighbours": 8, "min_sim": 0.8, "depth": 8, "budget": 64}
 
@@ -270,8 +270,19 @@ class _NgramShard:
         self.decay = float(params["decay"])
         rows, dim, vocab = int(info["contexts"]), int(info["dim"]), int(info["vocab_size"])
 
+        import mmap
+
+        self._maps = []
+
         def mm(name: str, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
-            return np.memmap(directory / name, dtype=dtype, mode="r", shape=shape)
+            # plain ndarrays over read-only maps: no np.memmap overhead on every small read
+            count = int(np.prod(shape))
+            if count == 0:
+                return np.empty(shape, dtype=dtype)
+            with open(directory / name, "rb") as f:
+                m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self._maps.append(m)
+            return np.frombuffer(m, dtype=dtype, count=count).reshape(shape)
 
         self.ctx = mm("ctx.u32", np.uint32, (rows, self.n))
         self.next = mm("next.u32", np.uint32, (rows, self.k))
@@ -288,7 +299,7 @@ class _NgramShard:
                 raise DatastoreError(f"datastore shard {directory}: unreadable FAISS index ({str(e).splitlines()[0]})") from e
         if self.index.ntotal != rows or self.index.d != dim:
             raise DatastoreError(f"datastore shard {directory}: the FAISS index does not match the table (rebuild it)")
-        nprobe = int(params.get("nprobe", 16))
+        nprobe = int(params.get("nprobe", 8))
         try:
             faiss.extract_index_ivf(self.index).nprobe = nprobe
         except (RuntimeError, AttributeError):
@@ -306,8 +317,9 @@ class _NgramShard:
         """Row of context ``ctx`` (exactly ``n`` tokens), or -1."""
         h = np.uint64(hash_context(ctx))
         i = int(np.searchsorted(self.hash, h))
+        want = [int(t) for t in ctx]
         while i < self.hash.size and self.hash[i] == h:
-            if [int(t) for t in self.ctx[i]] == [int(t) for t in ctx]:
+            if self.ctx[i].tolist() == want:
                 return i
             i += 1
         return -1
@@ -318,9 +330,9 @@ class _NgramShard:
         return embed_contexts(np.asarray([ctx], dtype=np.int64), self.table, self.decay)
 
     def continuations(self, row: int) -> tuple[list[int], list[int], int]:
-        nx, ct = self.next[row], self.count[row]
-        live = nx != SEP
-        return nx[live].tolist(), ct[live].tolist(), int(self.total[row])
+        nx, ct = self.next[row].tolist(), self.count[row].tolist()
+        live = [i for i, t in enumerate(nx) if t != SEP_INT]
+        return [nx[i] for i in live], [ct[i] for i in live], int(self.total[row])
 
 
 class NgramIndex:

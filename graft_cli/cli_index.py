@@ -159,7 +159,7 @@ def build(
     max_contexts: Optional[int] = typer.Option(None, "--max-contexts", help="ngram: keep the most frequent contexts (1,000,000)."),
     dim: Optional[int] = typer.Option(None, "--dim", help="ngram: embedding dimensions after PCA (64)."),
     faiss_index: Optional[str] = typer.Option(None, "--faiss", help="ngram: auto, flat, ivf or hnsw (auto)."),
-    nprobe: Optional[int] = typer.Option(None, "--nprobe", help="ngram: IVF lists searched per query (16)."),
+    nprobe: Optional[int] = typer.Option(None, "--nprobe", help="ngram: IVF lists searched per query (8)."),
     decay: Optional[float] = typer.Option(None, "--decay", help="ngram: weight ratio of each earlier context position (0.7)."),
     as_json: bool = typer.Option(False, "--json", help="Print the shard's manifest summary as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),

@@ -20,9 +20,15 @@ def generate(
     prompt_file: Optional[str] = typer.Option(None, "--prompt-file", "-f", help="Read the prompt from FILE ('-' = stdin)."),
     jsonl: bool = typer.Option(False, "--jsonl", help="Input is JSONL: {id, prompt} or {id, messages} per line; output is JSONL."),
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Catalog name, HF model directory or .gguf file."),
-    method: str = typer.Option("pld", "--method", help="ar, pld, ... (see docs/architecture.md)."),
+    method: str = typer.Option("graft", "--method", help="graft, dense, pruned, recycling, pld, ar (see docs/architecture.md)."),
     draft: Optional[str] = typer.Option(None, "--draft", help="Draft model (catalog name or path) or eagle3:DIR."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Verified tree nodes per step (default: 16 on CPU, 60 on CUDA), or 'auto': measured on this device once, then chosen per step."),
+    depth: Optional[int] = typer.Option(None, "--depth", min=1, help="Draft tree levels at most (default: 6 on CPU, 7 on CUDA)."),
+    draft_top_k: Optional[int] = typer.Option(None, "--draft-top-k", min=1, help="Draft nodes expanded per level and children per node (default: 3 on CPU, 8 on CUDA)."),
+    prune_at: Optional[str] = typer.Option(None, "--prune-at", help="Pruning checkpoints LEVEL:THRESHOLD[:SHARE],... (default 0:0.35,1:0.25,5:0.15; 'none': no pruning)."),
+    chain: bool = typer.Option(False, "--chain", help="Draft a single chain; with graft: Graft(TAIL), retrieved tokens fill the tail."),
+    rope_theta: Optional[float] = typer.Option(None, "--rope-theta", help="RoPE base of an EAGLE-3 head (default: its config's, else 10000)."),
+    adjacency_file: Optional[str] = typer.Option(None, "--adjacency-file", help="Keep the recycling adjacency table in FILE across runs (safetensors)."),
     retrievers: Optional[str] = typer.Option(None, "--retrievers", help="Comma-separated retriever plugins."),
     datastore: Optional[str] = typer.Option(None, "--datastore", help="Datastore name or path for store retrievers."),
     retriever_opt: list[str] = typer.Option([], "--retriever-opt", help="KEY=VALUE option for retrievers (repeatable)."),
@@ -58,7 +64,10 @@ def generate(
     options = _options(retriever_opt, datastore)
     from graft_cli.profile import parse_budget
 
-    config = MethodConfig(method, parse_budget(budget), retrievers.split(",") if retrievers else None, options, draft)
+    if adjacency_file:
+        options["adjacency_file"] = adjacency_file
+    config = MethodConfig(method, parse_budget(budget), retrievers.split(",") if retrievers else None, options, draft,
+                          depth=depth, draft_top_k=draft_top_k, prune_at=prune_at, chain=chain, rope_theta=rope_theta)
     loaded = load_model(model, device, dtype)
     session = _Session(loaded, config, sampling, max_new_tokens, seed)
     session.raw = raw

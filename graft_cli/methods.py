@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from graft_cli.budget import LatencyModel
 from graft_cli.errors import GraftError
 from graft_cli.graft import GraftProposer
-from graft_cli.prune import PruneSchedule
+from graft_cli.prune import DEFAULT as DEFAULT_PRUNE
+from graft_cli.prune import PruneSchedule, default_floor
 from plugins import load_factory
 from plugins.base import RetrieverEnv
 
@@ -48,7 +49,7 @@ class MethodConfig:
     draft: str | None = None  # draft model spec, or eagle3:DIR
     depth: int | None = None  # draft levels at most; None: the device's default
     draft_top_k: int | None = None  # children per expanded node and nodes expanded per level
-    prune_at: str | None = None  # "LEVEL:THRESHOLD[:SHARE],..."; None: graft-method's (0.35, 0.25, 0.15)
+    prune_at: str | None = None  # "LEVEL:THRESHOLD[:SHARE],...[,floor:X]"; None: (0.35, 0.25, 0.15), device floor
     chain: bool = False  # draft one path (Graft(TAIL) with graft)
     rope_theta: float | None = None  # EAGLE-3 heads: the RoPE base the head was trained with
 
@@ -108,7 +109,10 @@ def build(config: MethodConfig, loaded) -> GraftProposer:
         top_k = config.draft_top_k if config.draft_top_k is not None else default_draft_top_k(device)
         if depth < 1 or top_k < 1:
             raise GraftError("--depth and --draft-top-k must be at least 1")
-        prune = None if method == "dense" else PruneSchedule.parse(config.prune_at or "") if config.prune_at is not None else PruneSchedule.default()
+        prune = None
+        if method != "dense":
+            prune = PruneSchedule.parse(config.prune_at if config.prune_at is not None else DEFAULT_PRUNE,
+                                        default_floor(device))
         drafter = load_drafter(config.draft, loaded, depth, top_k, prune, config.chain, config.rope_theta)
     names = config.retrievers if config.retrievers is not None else list(RETRIEVERS[method])
     if config.retrievers is None and method == "graft" and config.options.get("datastore"):

@@ -157,7 +157,7 @@ def test_method_wiring(monkeypatch):
     p = methods.build(MethodConfig("dense", 10, draft="d", depth=3, draft_top_k=2), loaded)
     assert p.drafter is not None and seen["prune"] is None and names["last"] == [] and p.budget == 10
     p = methods.build(MethodConfig("pruned", draft="d", prune_at="0:0.5"), loaded)
-    assert seen["prune"] == PruneSchedule.parse("0:0.5") and p.budget == 16  # the CPU default
+    assert seen["prune"] == PruneSchedule.parse("0:0.5", floor=0.1) and p.budget == 16  # the CPU defaults
     p = methods.build(MethodConfig("graft", draft="d", chain=True), loaded)
     assert seen["prune"] == PruneSchedule.default() and seen["chain"] and p.tail
     assert [r.name for r in p.retrievers] == ["prompt", "recycling"]

@@ -156,7 +156,7 @@ def test_settled_pool_stops_drafting_without_changing_the_tree():
 
 @pytest.mark.parametrize("peak", [0.3, 1.0, 3.0, 8.0])
 def test_pruning_stops_at_the_first_unconfident_checkpoint(peak):
-    prune = PruneSchedule.default()
+    prune = PruneSchedule.parse("0:0.35,1:0.25,5:0.15")  # no floor: the paper's checkpoints alone
     context = [4, 5]
     budget = 30
     drafter = SyntheticDrafter(depth=7, top_k=3, prune=prune, peak=peak)
@@ -176,15 +176,42 @@ def test_prune_schedule_parsing():
     s = PruneSchedule.parse("0:0.35,1:0.25,5:0.15")
     assert [(p.level, p.threshold) for p in s.checkpoints] == [(0, 0.35), (1, 0.25), (5, 0.15)]
     assert [s.keep(p, 60) for p in s.checkpoints] == [8, 24, 40]  # the paper's 60-node example
-    assert s == PruneSchedule.default()
+    assert s.checkpoints == PruneSchedule.default().checkpoints and s.floor == 0
+    assert PruneSchedule.default("cpu").floor == 0.1 and PruneSchedule.default("cuda").floor == 0.02
+    assert PruneSchedule.parse("1:0.2,floor:0.3").floor == 0.3 and PruneSchedule.parse("1:0.2", 0.05).floor == 0.05
+    assert PruneSchedule.parse("none", 0.1).floor == 0.1 and not PruneSchedule.parse("none").checkpoints
     assert PruneSchedule.parse("2:0.5:0.5").keep(PruneSchedule.parse("2:0.5:0.5").checkpoints[0], 16) == 8
     assert PruneSchedule.parse("none").checkpoints == ()
     assert s.stops(0, math.log(0.3)) is not None and s.stops(0, math.log(0.4)) is None
     assert s.stops(3, math.log(0.01)) is None  # not a checkpoint
     assert s.chain_threshold(0) == 0.35 and s.chain_threshold(4) == 0.25 and s.chain_threshold(9) == 0.15
-    for bad in ["0", "x:0.3", "0:1.5", "-1:0.2", "0:0.3,0:0.2", "1:0.2:0"]:
+    for bad in ["0", "x:0.3", "0:1.5", "-1:0.2", "0:0.3,0:0.2", "1:0.2:0", "floor:1.2", "floor:x", "floor"]:
         with pytest.raises(GraftError):
             PruneSchedule.parse(bad)
+
+
+@pytest.mark.parametrize("peak", [1.0, 2.0, 4.0])
+def test_the_floor_never_expands_an_unlikely_node(peak):
+    prune = PruneSchedule.parse("none", floor=0.2)
+    for seed in range(5):
+        drafter = SyntheticDrafter(depth=6, top_k=3, prune=prune, peak=peak)
+        stats = Stats()
+        tree = drafter.draft([seed, 7], 40, stats)
+        check_tree(tree, 40)
+        assert all(drafter.pool.nodes[n].score >= 0.2 for n in drafter.fed)
+        dense = SyntheticDrafter(depth=6, top_k=3, peak=peak)
+        dense.draft([seed, 7], 40, Stats())
+        assert sum(drafter.forwards[1:]) <= sum(dense.forwards[1:])  # fewer draft rows
+        # every node the dense drafter fed with probability >= floor was fed here too (same paths)
+        fed = {p for p, s in paths_of_nodes(drafter.pool, drafter.fed).items()}
+        for path, score in paths_of_nodes(dense.pool, dense.fed).items():
+            assert score < 0.2 or path in fed or len(path) >= drafter.levels
+
+
+def paths_of_nodes(tree: Tree, nodes) -> dict:
+    every = paths_of(tree)
+    keys = list(every)
+    return {keys[i]: every[keys[i]] for i in nodes}
 
 
 def test_chain_keeps_the_confident_prefix():

@@ -105,7 +105,15 @@ class TreeDrafter:
                 if point is not None:
                     self.stopped_at, keep = point, self.prune.keep(point, budget)
                     break
-            if self.levels >= self.depth or not frontier:
+            if self.levels >= self.depth:
+                break
+            if self.prune is not None and self.prune.floor > 0 and not self.chain:  # not worth a draft row
+                floor = math.log(self.prune.floor)
+                worth = [i for i, c in enumerate(frontier_cum) if c >= floor]
+                frontier = [frontier[i] for i in worth]
+                frontier_cum = [frontier_cum[i] for i in worth]
+                parent_state = [parent_state[i] for i in worth]
+            if not frontier:
                 break
             if _settled(pool, keep, max(frontier_cum)):  # no deeper node could make the cut: stop for free
                 break

@@ -369,6 +369,24 @@ def test_cli_bench_end_to_end_on_a_tiny_model(tiny_dir, tmp_path, capsys, monkey
     assert again["summary"]["overall"]["pld"]["new_tokens"] == results["summary"]["overall"]["pld"]["new_tokens"]
 
 
+def test_cli_bench_budgets_with_auto(tiny_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GRAFT_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(profile, "CPU_SIZES", (1, 2, 4, 8))
+    monkeypatch.setattr(profile, "REPEATS", 1)
+    out = tmp_path / "out"
+    code, stdout, stderr = run_cli(["bench", "--model", str(tiny_dir), "--dataset", str(_dataset(tmp_path)),
+                                    "--categories", "code", "--limit", "1", "--max-new-tokens", "8", "--methods", "pld",
+                                    "--budgets", "2,auto", "--out", str(out), "--no-warmup"], capsys)
+    assert code == 0, stderr
+    results = json.loads((out / "results.json").read_text())
+    assert [(m["name"], m["budget"]) for m in results["config"]["methods"]] == [
+        ("ar", None), ("pld@2", 2), ("pld@auto", "auto")]
+    overall = results["summary"]["overall"]
+    assert overall["pld@2"]["nodes_per_step"] <= 2
+    assert overall["pld@auto"]["budget_mean"] is not None
+    assert (out / "pareto.png").exists() and (out / "answers" / "pld-bauto.jsonl").exists()
+
+
 def test_cli_bench_mismatch_exits_1_after_writing_results(tiny_dir, tmp_path, capsys, monkeypatch):
     real = bench.PeerRunner.run
 

@@ -181,3 +181,17 @@ def test_ngram_retriever_plugin(ngram_store, tmp_path):
     assert 0 < len(tree) <= 6 and tree.nodes[0].token == 9 and tree.nodes[0].source == "ngram"
     with pytest.raises(GraftError, match="is a ngram store; the suffix-array retriever reads suffix-array stores"):
         make_sa(RetrieverEnv(vocab_size=201, tokenizer=tok, options={"datastore": str(path)}))
+
+
+def test_top_eigenvectors_match_exact_pca():
+    from datastores.ngram_faiss import top_eigenvectors
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2000, 40)) * np.linspace(3, 0.1, 40)  # a decaying spectrum
+    cov = x.T @ x
+    v = top_eigenvectors(cov, 8).astype(np.float64)
+    w, exact = np.linalg.eigh(cov)
+    top = exact[:, ::-1][:, :8]
+    assert np.allclose(v.T @ v, np.eye(8), atol=1e-5)
+    assert np.trace(v.T @ cov @ v) / w[::-1][:8].sum() > 0.999
+    assert np.allclose(np.abs(np.sum(v * top, axis=0)), 1, atol=1e-3)  # the same directions, up to sign

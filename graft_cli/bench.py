@@ -925,10 +925,10 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         "lossless": {"ok": not mismatches, "mismatches": mismatches},
         "failed": failed,
         "timing": timing,
-        "prompts": [{k: v for k, v in r.items()} for r in records],
+        "prompts": [_lean(r) for r in records],
         "complete": interrupted is None and not failed and len(records) == total,
     }
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
+    write_results(out_dir / "results.json", results)
     write_answers(out_dir, records, names, questions, model_id)
     if opts.plots and summary.get("overall"):
         from graft_cli import plots
@@ -945,6 +945,21 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         err.print(f"graft: error: not lossless: {m['method']} differs from ar on question {m['question_id']} "
                   f"({m['category']}), turn {m['turn']}, token {m['position']}", highlight=False)
     return 1 if mismatches or failed else 0
+
+
+def _lean(record: dict) -> dict:
+    """A record for results.json: every figure; the texts are in answers/, the token ids in runs.jsonl."""
+    out = {k: v for k, v in record.items() if k != "turns"}
+    out["turns"] = [{k: v for k, v in t.items() if k not in ("text", "tokens")} for t in record["turns"]]
+    return out
+
+
+def write_results(path: Path, results: dict) -> None:
+    """results.json: indented, except one line per prompt record (a full run has hundreds)."""
+    head = {k: v for k, v in results.items() if k != "prompts"}
+    text = json.dumps(head, indent=1, ensure_ascii=False)[:-2]  # drop the closing "\n}"
+    prompts = ",\n".join("  " + json.dumps(r, ensure_ascii=False) for r in results.get("prompts", []))
+    path.write_text(f'{text},\n "prompts": [\n{prompts}\n ]\n}}\n')
 
 
 def _per_question_seconds(records: Sequence[dict], names: Sequence[str]) -> dict[str, float]:

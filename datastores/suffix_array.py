@@ -58,11 +58,14 @@ def _pack_reversed(tokens: np.ndarray, vocab_size: int) -> tuple[np.ndarray, int
     rev = tokens[::-1]
     n = rev.size
     packed = np.empty((n, width), dtype=np.uint8)
-    codes = np.where(rev == SEP, np.uint32(top), rev)
-    if codes.size and int(codes.max()) > top:
-        raise DatastoreError(f"token id {int(codes.max())} is outside the vocabulary ({vocab_size})")
-    for b in range(width):
-        packed[:, b] = (codes >> np.uint32(8 * (width - 1 - b))) & np.uint32(0xFF)
+    step = 1 << 20  # in blocks: temporaries stay a few MB whatever the shard size
+    for lo in range(0, n, step):
+        codes = rev[lo : lo + step]
+        codes = np.where(codes == SEP, np.uint32(top), codes)
+        if codes.size and int(codes.max()) > top:
+            raise DatastoreError(f"token id {int(codes.max())} is outside the vocabulary ({vocab_size})")
+        for b in range(width):
+            packed[lo : lo + step, b] = (codes >> np.uint32(8 * (width - 1 - b))) & np.uint32(0xFF)
     return packed.reshape(-1), width
 
 
@@ -82,27 +85,27 @@ def build_suffix_array(tokens: np.ndarray, vocab_size: int, progress: Callable[[
     del packed
     if progress:
         progress("filter")
-    # keep aligned suffixes; q (a position in the reversed text) stands for P = n - q in T
-    padded = np.empty(n + 1, dtype=np.uint32)
-    padded[:n] = tokens
-    padded[n] = SEP
+    # keep aligned suffixes; q (a position in the reversed text) stands for P = n - q in T. Entries that start
+    # or end at a separator are dropped (P = n only occurs for q = 0, where T[P-1] is the final SEP).
     out = np.empty(n, dtype=np.uint32)
     m = 0
-    step = 1 << 22
+    step = 1 << 20  # in blocks: temporaries stay a few MB whatever the shard size
     for lo in range(0, byte_sa.size, step):
         chunk = byte_sa[lo : lo + step]
         if width > 1:
             chunk = chunk[chunk % width == 0] // width
         pos = n - chunk.astype(np.int64)
-        keep = (padded[pos - 1] != SEP) & (padded[pos] != SEP)
+        keep = (tokens[pos - 1] != SEP) & (tokens[np.minimum(pos, n - 1)] != SEP)
         pos = pos[keep]
         out[m : m + pos.size] = pos
         m += pos.size
     del byte_sa
-    sa = out[:m].copy()
-    del out
-    last = tokens[sa.astype(np.int64) - 1]
-    first = np.searchsorted(last, np.arange(vocab_size + 1, dtype=np.uint32), side="left").astype(np.uint32)
+    sa = out[:m]
+    # first[t]: entries are sorted by their last matched token T[P-1]; count them chunk by chunk
+    counts = np.zeros(vocab_size + 1, dtype=np.int64)
+    for lo in range(0, m, step):
+        counts[1:] += np.bincount(tokens[sa[lo : lo + step].astype(np.int64) - 1], minlength=vocab_size)[:vocab_size]
+    first = np.cumsum(counts).astype(np.uint32)
     return sa, first
 
 

@@ -353,7 +353,7 @@ class Corpus:
                 pending += decoder.decode(block, final=final)
             except UnicodeDecodeError as e:
                 if size == 0:
-                    raise _SkipFile("binary file" if e.reason == "NUL byte" else "not UTF-8 text")
+                    raise _SkipFile("binary file" if e.reason == "NUL byte" else "not UTF-8 text") from None
                 bad = size + max(e.start, 0)
                 good = block[: max(e.start, 0)]
                 try:  # the valid text before the bad byte (with any character begun in the previous block)
@@ -383,7 +383,7 @@ class Corpus:
             dataset = ds.dataset(str(path), format=fmt)
             names = dataset.schema.names
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
-            raise _SkipFile(f"unreadable {fmt} ({str(e).splitlines()[0]})")
+            raise _SkipFile(f"unreadable {fmt} ({str(e).splitlines()[0]})") from e
         if self.fields:
             top = list(dict.fromkeys(f.split(".")[0] for f in self.fields))
             columns = [c for c in top if c in names]
@@ -410,7 +410,7 @@ class Corpus:
                     record = {c: cols[c][i] for c in columns}
                     yield from self._emit(extract_text(record, self.fields), info, missing)
         except (pa.ArrowInvalid, pa.ArrowIOError) as e:
-            raise _SkipFile(f"unreadable {fmt} ({str(e).splitlines()[0]})")
+            raise _SkipFile(f"unreadable {fmt} ({str(e).splitlines()[0]})") from e
         info.bytes, info.sha256 = _file_digest(path)
 
     def _read_stdin(self) -> Iterator[str]:

@@ -58,7 +58,9 @@ def check_params(params: dict[str, Any]) -> dict[str, Any]:
         try:
             out[key] = type(default)(value)
         except (TypeError, ValueError):
-            raise DatastoreError(f"n-gram store parameter {key} must be a {type(default).__name__}, not {value!r}")
+            raise DatastoreError(
+                f"n-gram store parameter {key} must be a {type(default).__name__}, not {value!r}"
+            ) from None
     if not 1 <= out["n"] <= 16:
         raise DatastoreError("n-gram context length n must be between 1 and 16")
     if not 1 <= out["top_k"] <= 64:

@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from datastores.errors import DatastoreError
-from datastores.tokenize import SEP, SEP_INT
+from datastores.tokenize import SEP
 
 PAD = 64  # SEPs after the text: the deepest continuation a lookup may read
 MAX_SHARD_TOKENS = 2**32 - 2 * PAD - 2  # positions are uint32

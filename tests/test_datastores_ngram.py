@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("faiss")
 
-from datastores import DatastoreError, build_store, open_store, read_store
+from datastores import DatastoreError, build_store, open_store
 from datastores.embeddings import load_embeddings
 from datastores.ngram_faiss import hash_context, hash_rows
 from tests.test_datastores_helpers import make_model_dir, random_docs, write_jsonl

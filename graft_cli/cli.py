@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
     debug = os.environ.get("GRAFT_DEBUG") == "1"
     try:
-        app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)
     except typer.Exit as e:
         raise SystemExit(e.exit_code)
     except typer.Abort:
@@ -66,3 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(0)
     except KeyboardInterrupt:
         fail("interrupted", 130)
+    if code == 130:  # typer turns Ctrl-C into this return value when it does not exit by itself
+        fail("interrupted", 130)
+    if isinstance(code, int) and code:
+        raise SystemExit(code)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from graft_cli.cli import main
-from tests.test_datastores_helpers import make_model_dir, text_of, write_jsonl
+from tests.datastore_fixtures import make_model_dir, text_of, write_jsonl
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

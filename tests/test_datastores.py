@@ -15,7 +15,7 @@ from datastores import DatastoreError, build_store, open_store, read_store
 from datastores.fingerprint import fingerprint_from_file, fingerprint_from_tokenizer, fingerprint_from_vocab
 from datastores.suffix_array import PAD, build_suffix_array, continuation_trie
 from datastores.tokenize import SEP, SEP_INT
-from tests.test_datastores_helpers import make_model_dir, random_docs, write_jsonl
+from tests.datastore_fixtures import make_model_dir, random_docs, write_jsonl
 
 SMOLLM2 = Path(os.environ.get("GRAFT_TEST_SMOLLM2", "/tmp/models/smollm2"))
 

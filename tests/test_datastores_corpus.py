@@ -10,7 +10,7 @@ import pytest
 
 from datastores import DatastoreError, build_store, open_store
 from datastores.corpus import Corpus, extract_text
-from tests.test_datastores_helpers import make_model_dir, text_of
+from tests.datastore_fixtures import make_model_dir, text_of
 
 
 def test_extract_text_rules():

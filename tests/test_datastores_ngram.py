@@ -15,7 +15,7 @@ pytest.importorskip("faiss")
 from datastores import DatastoreError, build_store, open_store
 from datastores.embeddings import load_embeddings
 from datastores.ngram_faiss import hash_context, hash_rows
-from tests.test_datastores_helpers import make_model_dir, random_docs, write_jsonl
+from tests.datastore_fixtures import make_model_dir, random_docs, write_jsonl
 
 
 def _embeddings(words: int = 201, dim: int = 16, seed: int = 0) -> np.ndarray:

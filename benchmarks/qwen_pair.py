@@ -56,7 +56,9 @@ def main() -> None:
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--budgets", default="16,8")
-    ap.add_argument("--methods", default="ar,assisted,dense,pruned,graft")
+    ap.add_argument("--methods", default="ar,assisted,dense,pruned,graft",
+                    help="ar, assisted, dense, pruned, graft, graft-chain (Graft(TAIL) over a chain drafter); NAME@B runs "
+                         "NAME at budget B only")
     ap.add_argument("--depth", type=int, default=None)
     ap.add_argument("--draft-top-k", type=int, default=None)
     ap.add_argument("--prune-at", default=None)
@@ -77,9 +79,11 @@ def main() -> None:
             if name in ("ar", "assisted"):
                 runners.append((name, None))
                 continue
-            for budget in budgets:
-                config = MethodConfig(name, budget, draft=DRAFT, depth=args.depth, draft_top_k=args.draft_top_k,
-                                      prune_at=args.prune_at if name != "dense" else None)
+            name, _, pinned = name.partition("@")  # name@B: this method at budget B only
+            for budget in ([int(pinned)] if pinned else budgets):
+                method, chain = ("graft", True) if name == "graft-chain" else (name, False)
+                config = MethodConfig(method, budget, draft=DRAFT, depth=args.depth, draft_top_k=args.draft_top_k,
+                                      prune_at=args.prune_at if method != "dense" else None, chain=chain)
                 runners.append((f"{name}@{budget}", methods.build(config, target)))
 
     def run(name, proposer, ids, n):

@@ -5,6 +5,7 @@
 | ar | - | - | - |
 | pld | - | - | prompt |
 | recycling | - | - | recycling (Token Recycling's adjacency table) |
+| rest | - | - | suffix-array (REST: the --datastore alone) |
 | dense | --draft (required) | - | - (the EAGLE-2/3 baseline: the draft fills the whole budget) |
 | pruned | --draft (required) | --prune-at | - |
 | graft | --draft (optional) | --prune-at | prompt, recycling (+ suffix-array with --datastore) |
@@ -25,11 +26,13 @@ from graft_cli.prune import PruneSchedule, default_floor
 from plugins import load_factory
 from plugins.base import RetrieverEnv
 
+STORE_RETRIEVER = "suffix-array"  # joins graft's defaults when a --datastore is given
 # method -> retrievers it uses by default
 RETRIEVERS = {
     "ar": [],
     "pld": ["prompt"],
     "recycling": ["recycling"],
+    "rest": [STORE_RETRIEVER],
     "dense": [],
     "pruned": [],
     "graft": ["prompt", "recycling"],
@@ -37,7 +40,6 @@ RETRIEVERS = {
 METHODS = tuple(RETRIEVERS)
 NEEDS_DRAFT = ("dense", "pruned")
 TAKES_DRAFT = ("dense", "pruned", "graft")
-STORE_RETRIEVER = "suffix-array"  # joins graft's defaults when a --datastore is given
 
 
 @dataclass
@@ -88,6 +90,8 @@ def build(config: MethodConfig, loaded) -> GraftProposer:
         raise GraftError(f"--method {method} needs a drafter: --draft MODEL or --draft eagle3:DIR")
     if config.draft and method not in TAKES_DRAFT:
         raise GraftError(f"--method {method} does not use a drafter (use dense, pruned or graft with --draft)")
+    if method == "rest" and not config.options.get("datastore"):
+        raise GraftError("--method rest retrieves from a datastore: give --datastore NAME_OR_PATH")
     if config.chain and not config.draft:
         raise GraftError("--chain needs a drafter (--draft)")
     if config.prune_at is not None and method == "dense":

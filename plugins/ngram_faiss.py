@@ -13,40 +13,27 @@ its neighbours; deeper nodes multiply by the exact n-gram probability of each ne
 
 from __future__ import annotations
 
-from typing import Sequence
-
 from graft_cli.errors import GraftError
-from graft_cli.tree import Tree
-from plugins.base import RetrieverEnv, Step
-from plugins.suffix_array import lookup_to_tree, open_datastore, option
+from plugins.base import RetrieverEnv
+from plugins.store import StoreRetriever, option
 
 
-class NgramRetriever:
+class NgramRetriever(StoreRetriever):
+    """Exact and nearest n-gram contexts in a FAISS-indexed store; their next tokens scored by similarity x count."""
+
     name = "ngram"
+    kind = "ngram"
 
-    def __init__(self, env: RetrieverEnv) -> None:
-        self.index = open_datastore(env, self.name, "ngram")
+    def read_params(self, env: RetrieverEnv) -> dict:
         n = self.name
-        self.params = {
+        params = {
             "neighbours": option(env, n, "neighbours", 8, int),
             "min_sim": option(env, n, "min_sim", 0.8, float),
             "depth": option(env, n, "depth", 8, int),
         }
-        if self.params["neighbours"] < 0 or self.params["depth"] < 1:
+        if params["neighbours"] < 0 or params["depth"] < 1:
             raise GraftError(f"retriever {n}: neighbours must be at least 0 and depth at least 1")
-        self.last = None
-
-    def start(self, prompt: Sequence[int]) -> None:
-        pass
-
-    def retrieve(self, context: Sequence[int], budget: int) -> Tree:
-        if budget <= 0 or not context:
-            return Tree()
-        self.last = self.index.lookup(context, budget=budget, **self.params)
-        return lookup_to_tree(self.last, self.name)
-
-    def observe(self, step: Step) -> None:
-        pass
+        return params
 
 
 def make(env: RetrieverEnv) -> NgramRetriever:

@@ -2,17 +2,21 @@
 
 An n-gram position index grows by one entry per length with every new token, so a lookup never rescans the
 context. Unlike transformers' prompt lookup, which copies the first match, every earlier occurrence of the
-longest matching suffix contributes its continuation to a trie, and a node's score is the share of those
-continuations that pass through it.
+longest matching suffix contributes its continuation to a trie, scored by counts exactly as a suffix-array
+datastore scores its matches (the same code: ``datastores.suffix_array.continuation_trie``).
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from typing import Sequence
 
-from graft_cli.tree import ROOT, Tree
+import numpy as np
+
+from datastores.suffix_array import SEP, continuation_trie
+from graft_cli.tree import Tree
 from plugins.base import RetrieverEnv, Step
+from plugins.store import to_tree
 
 
 class PromptLookup:
@@ -48,21 +52,11 @@ class PromptLookup:
             ends = [e for e in self.ends.get(tuple(self.tokens[last - n + 1 :]), ()) if e < last]
             if ends:
                 conts = [self.tokens[e + 1 : e + 1 + self.max_length] for e in ends[-self.max_matches :]]
-                return continuation_trie(conts, self.name).select(budget)
+                rows = np.full((len(conts), max(map(len, conts))), SEP, dtype=np.uint32)
+                for row, cont in zip(rows, conts):
+                    row[: len(cont)] = cont
+                return to_tree(continuation_trie(rows, budget), self.name)
         return Tree()
-
-
-def continuation_trie(continuations: list[Sequence[int]], source: str) -> Tree:
-    """Merge continuations into a trie scored by counts: each step's conditional is count(child) / (count(parent)
-    + 1), so a path seen once is not taken for a certainty (the engine calibrates the rest online)."""
-    counts = Counter(tuple(c[:d]) for c in continuations for d in range(1, len(c) + 1))
-    counts[()] = len(continuations)
-    tree, nodes, scores = Tree(), {(): ROOT}, {(): 1.0}
-    for prefix in sorted(counts, key=lambda p: (len(p), -counts[p]))[1:]:
-        parent = prefix[:-1]
-        scores[prefix] = scores[parent] * counts[prefix] / (counts[parent] + 1)
-        nodes[prefix] = tree.add(nodes[parent], prefix[-1], source, scores[prefix])
-    return tree
 
 
 def make(env: RetrieverEnv) -> PromptLookup:

@@ -1,0 +1,94 @@
+"""What the datastore retrievers share: options, opening a store (checked for kind and tokenizer, opened once per
+process), and the retriever shape itself, so that a store retriever only says which store kind it reads and which
+lookup parameters it takes."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from graft_cli.errors import GraftError
+from graft_cli.tree import ROOT, Tree
+from plugins.base import RetrieverEnv, Step
+
+_OPEN: dict[tuple[str, str | None, str], Any] = {}  # opened stores, shared by the retrievers of one process
+
+
+def option(env: RetrieverEnv, name: str, key: str, default: Any, cast: Callable[[str], Any] = str) -> Any:
+    """``env.options["<name>.<key>"]``, else ``env.options[key]``, else ``default``, cast with ``cast``."""
+    opts = env.options or {}
+    raw = opts.get(f"{name}.{key}", opts.get(key))
+    if raw is None or raw == "":
+        return default
+    try:
+        return cast(raw)
+    except (TypeError, ValueError):
+        raise GraftError(f"retriever {name}: option {key} must be a {cast.__name__}, not {raw!r}") from None
+
+
+def _home():
+    try:
+        from graft_cli.catalog import graft_home
+    except ImportError:  # pragma: no cover - the catalog ships with graft
+        return None
+    return graft_home()
+
+
+def open_datastore(env: RetrieverEnv, name: str, kind: str):
+    """Open the store named by the ``datastore`` option, checking its kind and tokenizer."""
+    from datastores import DatastoreError, fingerprint_from_tokenizer, open_store, resolve_store
+
+    spec = option(env, name, "datastore", None)
+    if not spec:
+        raise GraftError(f"retriever {name} needs a datastore (--datastore NAME_OR_PATH; `graft index list` shows them)")
+    try:
+        path = resolve_store(spec, _home())
+        fingerprint = fingerprint_from_tokenizer(env.tokenizer) if env.tokenizer is not None else None
+        verify = option(env, name, "verify", False, lambda s: str(s).lower() in ("1", "true", "yes"))
+        key = (str(path.resolve()), fingerprint, env.device)
+        index = _OPEN.get(key)
+        if index is None or verify:
+            index = open_store(path, fingerprint=fingerprint, verify=verify, device=env.device)
+            _OPEN[key] = index
+    except DatastoreError as e:
+        raise GraftError(str(e)) from e
+    if index.kind != kind:
+        raise GraftError(f"datastore {spec} is a {index.kind} store; the {name} retriever reads {kind} stores")
+    return index
+
+
+def to_tree(nodes: Sequence[Any], source: str) -> Tree:
+    """A store's continuation nodes (each with ``token``, ``parent`` index or -1, ``score``) as a Tree."""
+    tree = Tree()
+    where: list[int] = []
+    for node in nodes:
+        parent = ROOT if node.parent < 0 else where[node.parent]
+        where.append(tree.add(parent, node.token, source, node.score))
+    return tree
+
+
+class StoreRetriever:
+    """A retriever that looks the context up in an on-disk store; subclasses set ``name``, ``kind`` and
+    :meth:`read_params` (the keyword arguments of the store's ``lookup``)."""
+
+    name = ""
+    kind = ""
+
+    def __init__(self, env: RetrieverEnv) -> None:
+        self.index = open_datastore(env, self.name, self.kind)
+        self.params = self.read_params(env)
+        self.last = None  # the last lookup, for stats and debugging
+
+    def read_params(self, env: RetrieverEnv) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def start(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def retrieve(self, context: Sequence[int], budget: int) -> Tree:
+        if budget <= 0 or not context:
+            return Tree()
+        self.last = self.index.lookup(context, budget=budget, **self.params)
+        return to_tree(self.last.nodes, self.name)
+
+    def observe(self, step: Step) -> None:
+        pass

@@ -71,11 +71,19 @@ def generate(
     loaded = load_model(model, device, dtype)
     session = _Session(loaded, config, sampling, max_new_tokens, seed)
     session.raw = raw
-    if not jsonl:
-        run = session.run(text, stream=True)
-        if stats:
-            print(f"graft: {run.summary()}", file=sys.stderr)
-        return
+    try:
+        if jsonl:
+            _run_jsonl(session, lines, raw, stats)
+        else:
+            run = session.run(text, stream=True)
+            if stats:
+                print(f"graft: {run.summary()}", file=sys.stderr)
+    finally:
+        session.proposer.close()  # retrievers that keep state on disk (--adjacency-file) save it now
+
+
+def _run_jsonl(session: "_Session", lines: list[str], raw: bool, stats: bool) -> None:
+    """One output line per input line; a bad line is reported with its number and the others still run."""
     failed = 0
     for number, line in enumerate(lines, start=1):
         if not line.strip():

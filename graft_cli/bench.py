@@ -662,6 +662,7 @@ class BenchOptions:
     dtype: str = "auto"
     out: Path = Path("bench-results")
     resume: bool = False
+    report_only: bool = False  # write the outputs from OUT/runs.jsonl, run nothing
     warmup: bool = True
     plots: bool = True
     command: str = ""
@@ -832,8 +833,11 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     out_dir = Path(opts.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     runs_path = out_dir / "runs.jsonl"
-    done = read_runs(runs_path, fingerprints) if opts.resume else {}
-    if not opts.resume and runs_path.exists():
+    resume = opts.resume or opts.report_only
+    if opts.report_only and not runs_path.is_file():
+        raise GraftError(f"--report-only: no {runs_path} to report from")
+    done = read_runs(runs_path, fingerprints) if resume else {}
+    if not resume and runs_path.exists():
         runs_path.unlink()
     wanted = {json.dumps(q.question_id) for q in questions}
     done = {k: r for k, r in done.items() if k[0] in wanted}
@@ -843,6 +847,8 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         if old:
             err.print(f"graft: warning: resumed runs come from other code versions ({', '.join(map(str, old))})")
     todo = [r for r in runners if any((json.dumps(q.question_id), r.name) not in done for q in questions)]
+    if opts.report_only:
+        todo = []
     if opts.warmup and todo:
         err.print(f"graft bench: warming up {len(todo)} methods")
         warm_up(todo, conv)
@@ -868,8 +874,11 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     with progress:
         task = progress.add_task("bench", total=total, completed=len(done))
         try:
-            records = execute(questions, runners, conv, opts.max_new_tokens, runs_path, done, fingerprints, on_record,
-                              {"commit": commit}, failed)
+            if opts.report_only:
+                records = [r for r in done.values() if r["method"] in names]
+            else:
+                records = execute(questions, runners, conv, opts.max_new_tokens, runs_path, done, fingerprints,
+                                  on_record, {"commit": commit}, failed)
         except KeyboardInterrupt as e:
             interrupted = e
             records = list(read_runs(runs_path, fingerprints).values())
@@ -927,6 +936,7 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         "timing": timing,
         "prompts": [_lean(r) for r in records],
         "complete": interrupted is None and not failed and len(records) == total,
+        "report_only": opts.report_only,
     }
     write_results(out_dir / "results.json", results)
     write_answers(out_dir, records, names, questions, model_id)

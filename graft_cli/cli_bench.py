@@ -31,6 +31,7 @@ def bench(
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice)."),
     out: Path = typer.Option(Path("bench-results"), "--out", "-o", help="Directory for results.json, answers/, runs.jsonl and plots."),
     resume: bool = typer.Option(False, "--resume", help="Keep the finished runs in OUT/runs.jsonl that match this configuration; run the rest."),
+    report_only: bool = typer.Option(False, "--report-only", help="Run nothing: write the table, results.json, answers and plots from OUT/runs.jsonl (the runs matching this configuration)."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One short untimed generation per method first."),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write the PNG plots."),
 ) -> None:
@@ -60,6 +61,7 @@ def bench(
         dtype=dtype,
         out=out,
         resume=resume,
+        report_only=report_only,
         warmup=warmup,
         plots=plots,
         command=_command_line(ctx),

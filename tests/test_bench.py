@@ -365,6 +365,19 @@ def test_cli_bench_end_to_end_on_a_tiny_model(tiny_dir, tmp_path, capsys, monkey
     assert code == 0 and "10 of 10 runs already done" in stderr, stderr
     command = json.loads((out / "results.json").read_text())["config"]["command"]
     assert command.endswith("--resume --no-warmup --no-plots") and "--draft " in command
+
+    # --report-only rewrites the outputs from runs.jsonl, for the methods asked, running nothing
+    (out / "results.json").unlink()
+    code, stdout, stderr = run_cli(["bench", "--model", str(tiny_dir), "--dataset", str(_dataset(tmp_path)),
+                                    "--limit", "1", "--max-new-tokens", "6", "--methods", "pld", "--out", str(out),
+                                    "--report-only", "--no-plots"], capsys)
+    assert code == 0, stderr
+    report = json.loads((out / "results.json").read_text())
+    assert report["report_only"] and list(report["summary"]["overall"]) == ["ar", "pld"]
+    assert report["summary"]["overall"]["pld"] == results["summary"]["overall"]["pld"]
+    code, _, stderr = run_cli(["bench", "--model", str(tiny_dir), "--out", str(tmp_path / "empty"), "--report-only"],
+                              capsys)
+    assert code == 2 and "no " in stderr and "runs.jsonl" in stderr
     again = json.loads((out / "results.json").read_text())
     assert again["summary"]["overall"]["pld"]["new_tokens"] == results["summary"]["overall"]["pld"]["new_tokens"]
 

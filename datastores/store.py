@@ -367,7 +367,8 @@ def remove_store(path: Path) -> int:
 # --- atomic builds --------------------------------------------------------------------------------------------
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a temporary directory named after a dead one is stale)."""
     if pid == os.getpid():
         return True
     try:
@@ -376,6 +377,8 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
+    except OSError:
+        return False
     return True
 
 
@@ -387,7 +390,7 @@ def clean_stale_tmp(directory: Path, prefix: str) -> None:
         return
     for entry in entries:
         m = TMP_RE.match(entry.name)
-        if m and m.group(1) == prefix and not _pid_alive(int(m.group(2))):
+        if m and m.group(1) == prefix and not pid_alive(int(m.group(2))):
             shutil.rmtree(entry.path, ignore_errors=True)
 
 

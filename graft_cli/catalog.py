@@ -37,6 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator
 
+from datastores.store import pid_alive
 from graft_cli.errors import GraftError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -200,20 +201,6 @@ def installed_models() -> list[Path]:
 _TMP_RE = re.compile(r"^(?P<op>[a-z]+)-(?P<name>.+)-(?P<pid>\d+)-[^-]+$")
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
-
-
 def clean_stale_tmp(name: str | None = None) -> list[Path]:
     """Remove work dirs left by crashed pulls: those of dead processes and, when ``name`` is given (the caller holds
     that model's lock, so no live process can be using them), every one of that model's. Returns what it removed."""
@@ -225,7 +212,7 @@ def clean_stale_tmp(name: str | None = None) -> list[Path]:
         m = _TMP_RE.match(p.name)
         if not m:
             continue
-        if (name is not None and m.group("name") == name) or not _pid_alive(int(m.group("pid"))):
+        if (name is not None and m.group("name") == name) or not pid_alive(int(m.group("pid"))):
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
             else:

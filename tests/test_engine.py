@@ -12,24 +12,16 @@ from graft_cli.sampling import Sampling
 from graft_cli.stats import Stats
 from graft_cli.target import Target
 from graft_cli.tree import ROOT, Tree
-from tests.tiny import VOCAB, tiny_model
+from tests.tiny import VOCAB, StaticProposer, tiny_model
 
 
-class OracleTreeProposer:
+class OracleTreeProposer(StaticProposer):
     """Random trees that hide the true continuation (known from a plain run) at random places, sometimes
     corrupted, among random siblings: deep, wide and degenerate shapes all occur."""
-
-    wants_hidden = False
 
     def __init__(self, truth: list[int], prompt_len: int, seed: int, shape: str = "mixed") -> None:
         self.truth, self.prompt_len, self.shape = truth, prompt_len, shape
         self.rng = np.random.default_rng(seed)
-
-    def start(self, prompt, prefill) -> None:
-        pass
-
-    def observe(self, step) -> None:
-        pass
 
     def propose(self, context, stats) -> Tree:
         rng, tree = self.rng, Tree()

@@ -15,26 +15,18 @@ from graft_cli.sampling import Sampling, pick, probabilities
 from graft_cli.target import Target
 from graft_cli.tree import ROOT, Tree
 from graft_cli.verify import Accepted, accept
-from tests.tiny import tiny_model
+from tests.tiny import StaticProposer, tiny_model
 
 V = 6
 PROMPT = [1, 4, 2]
 
 
-class FixedTreeProposer:
+class FixedTreeProposer(StaticProposer):
     """Every step: three root children, each with two children; tokens drawn from its own RNG (proposals may
     depend on anything but the target's random draws)."""
 
-    wants_hidden = False
-
     def __init__(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
-
-    def start(self, prompt, prefill) -> None:
-        pass
-
-    def observe(self, step) -> None:
-        pass
 
     def propose(self, context, stats) -> Tree:
         tree = Tree()

@@ -31,3 +31,15 @@ def tiny_model(kind: str = "llama", seed: int = 0, vocab: int = VOCAB, init: flo
     )
     config = LlamaConfig(**common) if kind == "llama" else Qwen2Config(**common, use_sliding_window=False)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
+class StaticProposer:
+    """Base of test proposers whose trees come from ``propose`` alone: they learn nothing from verification."""
+
+    wants_hidden = False
+
+    def start(self, prompt, prefill) -> None:
+        pass
+
+    def observe(self, step) -> None:
+        pass

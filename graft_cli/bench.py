@@ -345,13 +345,16 @@ def run_question(runner: Runner, question: Question, conv: Conversation, max_new
     for text in question.turns:
         messages.append({"role": "user", "content": text})
         ids = conv.encode(messages)
+        cpu = time.process_time()
         turn = runner.run(ids, max_new_tokens)
+        cpu = time.process_time() - cpu  # every thread of the process: about wall x threads on a quiet machine
         answer = conv.text(turn.tokens)
         messages.append({"role": "assistant", "content": answer})
         turns.append({
             "prompt_tokens": len(ids),
             "new_tokens": len(turn.tokens),
             "wall_s": round(turn.wall, 4),
+            "cpu_s": round(cpu, 4),
             "tokens_per_s": round(len(turn.tokens) / turn.wall, 3) if turn.wall else 0.0,
             "tau": round(sum(turn.accept_lengths) / len(turn.accept_lengths), 4) if turn.accept_lengths else 1.0,
             "steps": turn.steps,
@@ -486,7 +489,7 @@ def _aggregate(records: Sequence[dict]) -> dict:
     proposed: Counter = Counter()
     accepted: Counter = Counter()
     times: Counter = Counter()
-    steps, peak = 0, 0.0
+    steps, peak, cpu = 0, 0.0, 0.0
     budgets = []
     for r in records:
         q_tokens = sum(t["new_tokens"] for t in r["turns"])
@@ -501,6 +504,7 @@ def _aggregate(records: Sequence[dict]) -> dict:
             accepted.update(t["accepted"])
             times.update(t["time_s"])
             peak = max(peak, t["peak_mem_mb"] or 0.0)
+            cpu += t.get("cpu_s", 0.0)
             if t.get("budget_mean") is not None:
                 budgets.append((t["budget_mean"], t["steps"]))
     total_proposed = sum(proposed.values())
@@ -518,6 +522,9 @@ def _aggregate(records: Sequence[dict]) -> dict:
         "accepted": dict(accepted),
         "time_s": {k: round(v, 3) for k, v in times.items()},
         "peak_mem_mb": round(peak, 1) if peak else None,
+        # CPU seconds of the process per wall second: near the thread count on a quiet machine, lower when other
+        # work took the cores (a run to distrust)
+        "cpu_per_wall": round(cpu / sum(walls), 2) if cpu and sum(walls) else None,
     }
     if budgets:
         n = sum(s for _, s in budgets)
@@ -862,9 +869,11 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         wall = sum(t["wall_s"] for t in record["turns"])
         toks = sum(t["new_tokens"] for t in record["turns"])
         taus = [x for t in record["turns"] for x in t["accept_lengths"]]
+        cpu = sum(t.get("cpu_s", 0.0) for t in record["turns"])
         progress.console.print(
             f"  {record['question_id']!s:>5} {record['category']:<15} {record['method']:<14} {toks:>5} tok "
-            f"{wall:7.2f} s {toks / wall if wall else 0:7.2f} tok/s  τ {sum(taus) / len(taus) if taus else 1:.2f}",
+            f"{wall:7.2f} s {toks / wall if wall else 0:7.2f} tok/s  τ {sum(taus) / len(taus) if taus else 1:.2f}"
+            f"  cpu/wall {cpu / wall if wall else 0:.1f}",
             highlight=False,
         )
         progress.advance(task)

@@ -346,7 +346,7 @@ def test_cli_bench_end_to_end_on_a_tiny_model(tiny_dir, tmp_path, capsys, monkey
     for name in ("ar", "pld", "hf", "hf-pld", "hf-assisted"):
         figs = results["summary"]["overall"][name]
         assert figs["questions"] == 2 and figs["turns"] == 3 and figs["new_tokens"] > 0 and figs["tokens_per_s"] > 0
-        assert figs["speedup"] is not None and figs["peak_mem_mb"] > 0
+        assert figs["speedup"] is not None and figs["peak_mem_mb"] > 0 and figs["cpu_per_wall"] > 0
     assert results["summary"]["overall"]["ar"]["speedup"] == 1.0
     assert results["summary"]["overall"]["hf-assisted"]["tau"] > 1  # the draft is the target itself
     assert len(results["prompts"]) == 10 and "method_s_per_question" in results["timing"]

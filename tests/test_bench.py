@@ -4,12 +4,11 @@ on a tiny random model that speaks through the real SmolLM2 tokenizer."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-from graft_cli import bench, profile
+from graft_cli import bench, plots, profile
 from graft_cli.bench import Conversation, Question, Turn
 from graft_cli.budget import LatencyModel
 from graft_cli.cli import main
@@ -211,10 +210,8 @@ def test_outputs_answer_files_and_plots(tmp_path):
                           "device": {"device": "cpu"}, "default_budget": 16},
                "summary": bench.summarize(records, names, ["a", "b"])}
     assert results["summary"]["overall"]["pld@auto"]["budget_mean"] == 6.5
-    lines, refs = __import__("graft_cli.plots", fromlist=["x"]).pareto_points(results)
+    lines, refs = plots.pareto_points(results)
     assert [p[0] for p in lines["pld"]] == [4.0, 6.5, 8.0] and set(refs) == {"ar", "hf"}
-    from graft_cli import plots
-
     for path in plots.write_all(tmp_path, results):
         assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
     paths = bench.write_answers(tmp_path, records, names, QUESTIONS, "m")

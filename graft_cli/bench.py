@@ -665,6 +665,7 @@ class BenchOptions:
     methods: list[str] = field(default_factory=lambda: ["all"])
     budgets: list[Any] = field(default_factory=list)  # ints and/or "auto"; empty: the device default
     options: dict[str, str] = field(default_factory=dict)  # retriever options (datastore=...)
+    method_opts: dict[str, str] = field(default_factory=dict)  # other MethodConfig fields, e.g. depth=4, chain=true
     device: str = "auto"
     dtype: str = "auto"
     out: Path = Path("bench-results")
@@ -702,6 +703,52 @@ def _expand_methods(names: Sequence[str], engine_methods: Sequence[str], draft: 
     return list(names), True
 
 
+def method_config(spec: MethodSpec, options: dict, draft: str | None, method_opts: dict | None = None):
+    """The MethodConfig of an engine method: its budget, the retriever options, ``--draft`` where the method takes
+    one, and any other MethodConfig field given as text (``--method-opt depth=4``), converted to the field's type."""
+    import dataclasses
+    import typing
+
+    from graft_cli import methods
+
+    config = methods.MethodConfig(method=spec.method, budget=spec.budget, options=dict(options),
+                                  draft=draft if uses_draft(spec) else None)
+    if spec.method == "ar":
+        return config
+    hints = typing.get_type_hints(methods.MethodConfig)
+    fields = {f.name for f in dataclasses.fields(methods.MethodConfig)} - {"method", "budget", "options", "draft"}
+    for key, text in (method_opts or {}).items():
+        if key not in fields:
+            raise GraftError(f"--method-opt {key}: not a method setting (choose from {', '.join(sorted(fields))})")
+        setattr(config, key, _convert(text, hints.get(key), key))
+    return config
+
+
+def _convert(text: str, hint, key: str):
+    import typing
+
+    kinds = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    if text.lower() in ("none", "") and type(None) in typing.get_args(hint):
+        return None
+    for kind in kinds:
+        if typing.get_origin(kind) is list:
+            return [part.strip() for part in text.split(",") if part.strip()]
+        if kind is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            continue
+        if kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                continue
+        if kind is str:
+            return text
+    raise GraftError(f"--method-opt {key}: cannot read '{text}' as {hint}")
+
+
 def uses_draft(spec: MethodSpec) -> bool:
     """Whether a method takes ``--draft``: hf-assisted, and the engine methods ``methods.TAKES_DRAFT`` names
     (every engine method but ar where the module does not say)."""
@@ -713,7 +760,8 @@ def uses_draft(spec: MethodSpec) -> bool:
     return spec.method != "ar" and (takes is None or spec.method in takes)
 
 
-def build_runners(specs, loaded, draft_loaded, options, explicit: bool, warn: Callable[[str], None]):
+def build_runners(specs, loaded, draft_loaded, options, explicit: bool, warn: Callable[[str], None],
+                  method_opts: dict | None = None):
     """A runner per method spec; with ``all``, engine methods that cannot be built here (a datastore or a draft
     model missing) are left out with a warning instead of failing the run."""
     from graft_cli import methods
@@ -735,8 +783,7 @@ def build_runners(specs, loaded, draft_loaded, options, explicit: bool, warn: Ca
                 kwargs["assistant_model"] = draft_loaded.model
             runners.append(PeerRunner(spec.name, loaded.model, stop, device, **kwargs))
         else:
-            config = methods.MethodConfig(method=spec.method, budget=spec.budget, options=dict(options),
-                                          draft=draft_loaded.spec if draft_loaded and uses_draft(spec) else None)
+            config = method_config(spec, options, draft_loaded.spec if draft_loaded else None, method_opts)
             try:
                 proposer = methods.build(config, loaded)
             except GraftError as e:
@@ -816,7 +863,7 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     dtype = str(next(loaded.model.parameters()).dtype).replace("torch.", "")
     with shared_models(loaded, draft_loaded):
         runners, specs = build_runners(specs, loaded, draft_loaded, opts.options, explicit,
-                                       lambda m: err.print(f"graft: {m}"))
+                                       lambda m: err.print(f"graft: {m}"), opts.method_opts)
     names = [s.name for s in specs]
     stop = stop_ids(loaded)
     conv = Conversation(loaded.tokenizer, stop)
@@ -835,6 +882,8 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
             parts.update(draft=draft_checksum)
         if s.kind == "engine" and s.method != "ar":
             parts.update(options=opts.options)
+            if opts.method_opts:
+                parts.update(method_opts=opts.method_opts)
         fingerprints[s.name] = fingerprint(parts)
 
     out_dir = Path(opts.out)
@@ -919,6 +968,7 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         "budgets": opts.budgets,
         "default_budget": methods.default_budget(device),
         "options": opts.options,
+        "method_opts": opts.method_opts,
         "dtype": dtype,
         "sampling": "greedy",
         "warmup": opts.warmup,

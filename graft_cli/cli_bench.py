@@ -26,6 +26,7 @@ def bench(
     budgets: Optional[str] = typer.Option(None, "--budgets", help="Several budgets, e.g. 4,8,16,32,auto: each engine method runs at each (for the Pareto plot)."),
     datastore: Optional[str] = typer.Option(None, "--datastore", help="Datastore name or path for store retrievers (rest)."),
     retriever_opt: list[str] = typer.Option([], "--retriever-opt", help="KEY=VALUE option for retrievers (repeatable)."),
+    method_opt: list[str] = typer.Option([], "--method-opt", help="FIELD=VALUE for every engine method but ar: any MethodConfig setting, e.g. depth=4, chain=true, prune_at=... (repeatable)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice)."),
@@ -57,6 +58,7 @@ def bench(
         methods=_split(methods) or ["all"],
         budgets=list(dict.fromkeys(budget_list)),
         options=_options(retriever_opt, datastore),
+        method_opts=_pairs(method_opt, "--method-opt"),
         device=device,
         dtype=dtype,
         out=out,
@@ -73,6 +75,16 @@ def bench(
     code = run_bench(opts)
     if code:
         raise SystemExit(code)  # after the results are written; typer.Exit would be swallowed by cli.main
+
+
+def _pairs(pairs: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise GraftError(f"{flag} expects FIELD=VALUE, got '{pair}'")
+        out[key.strip().replace("-", "_")] = value.strip()
+    return out
 
 
 def _split(text: str | None) -> list[str]:

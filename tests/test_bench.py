@@ -192,6 +192,15 @@ def test_plan_methods_puts_ar_first_and_expands_budgets():
         bench.plan_methods(["nope"], ["ar"], [])
 
 
+def test_method_opts_set_method_config_fields_by_type():
+    spec = bench.MethodSpec("pld@4", "pld", "engine", 4)
+    config = bench.method_config(spec, {"datastore": "x"}, "draft-model", {"retrievers": "prompt,recycling"})
+    assert config.budget == 4 and config.options == {"datastore": "x"} and config.retrievers == ["prompt", "recycling"]
+    assert bench.method_config(bench.MethodSpec("ar", "ar", "engine"), {}, None, {"retrievers": "x"}).retrievers is None
+    with pytest.raises(GraftError, match="not a method setting"):
+        bench.method_config(spec, {}, None, {"nope": "1"})
+
+
 def test_outputs_answer_files_and_plots(tmp_path):
     runners = [FakeRunner("ar", speed=10.0), FakeRunner("pld@4", speed=12.0), FakeRunner("pld@8", speed=14.0),
                FakeRunner("pld@auto", speed=13.0), FakeRunner("hf", speed=9.0)]

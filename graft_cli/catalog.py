@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator
 
-from datastores.store import pid_alive
+from datastores.store import file_sha256, pid_alive
 from graft_cli.errors import GraftError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -701,14 +701,6 @@ def check_hf_dir(path: Path) -> Path:
     return path
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _gguf_sha256(path: Path) -> str:
     """sha256 of a local GGUF, remembered in gguf-index.json by (real path, size, mtime) so it is computed once."""
     st = path.stat()
@@ -722,7 +714,7 @@ def _gguf_sha256(path: Path) -> str:
         index = {}
     if key in index:
         return index[key]
-    digest = _file_sha256(path)
+    digest = file_sha256(path)
     index[key] = digest
     _ensure_dir(index_path.parent)
     tmp = index_path.with_name(f".gguf-index.{os.getpid()}.tmp")
@@ -853,11 +845,11 @@ def _dir_checksum(path: str, signature: tuple) -> str:
     if key not in _CHECKSUMS:
         files = [Path(path) / name for name, _, _ in signature]
         if len(files) == 1:
-            _CHECKSUMS[key] = _file_sha256(files[0])
+            _CHECKSUMS[key] = file_sha256(files[0])
         else:
             h = hashlib.sha256()
             for f in files:
-                h.update(f"{f.name}\0{_file_sha256(f)}\n".encode())
+                h.update(f"{f.name}\0{file_sha256(f)}\n".encode())
             _CHECKSUMS[key] = h.hexdigest()
     return _CHECKSUMS[key]
 

@@ -70,7 +70,21 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto") -> Loaded:
     except Exception as e:  # corrupt weights, missing files, unsupported architecture
         raise GraftError(f"cannot load model from {path}: {_first_line(e)}") from e
     model.to(device).eval()
+    if device == "cpu":
+        cpu_kernels(model)
     return Loaded(model, tokenizer, Path(path), spec)
+
+
+def cpu_kernels(model: Any) -> None:
+    """The two measured fixes that make a tree of a few tokens cheap to verify on a CPU (docs/benchmarks.md,
+    "CPU kernels"): faster linear kernels (graft_cli/cpu_linear.py), and grouped-query attention run by SDPA itself
+    even under a tree mask (transformers otherwise copies the whole KV cache once per layer with ``repeat_kv``
+    whenever a mask is given; on CUDA that would cost the efficient kernels, so it is set for CPU runs only)."""
+    from graft_cli.cpu_linear import use_cpu_linears
+
+    os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
+    if next(model.parameters()).dtype == torch.float32:
+        use_cpu_linears(model)
 
 
 def stop_ids(loaded: Loaded) -> set[int]:

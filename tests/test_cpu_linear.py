@@ -1,0 +1,51 @@
+"""The CPU linear kernels compute the same product as ``F.linear``, and decoding through them stays lossless."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from graft_cli import cpu_linear
+from graft_cli.cpu_linear import CpuLinear, use_cpu_linears
+from graft_cli.graft import GraftProposer
+from graft_cli.loading import cpu_kernels
+from tests.test_engine import OracleTreeProposer, run
+from tests.tiny import VOCAB, tiny_model
+
+
+@pytest.mark.parametrize("shape", [(2048, 1024), (1024, 2048), (96, 64)])  # wide and large, narrowing, small
+@pytest.mark.parametrize("bias", [False, True])
+def test_every_row_count_gives_the_linear_product(shape, bias):
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(shape[1], shape[0], bias=bias)
+    use_cpu_linears(layer)
+    assert type(layer) is CpuLinear
+    for rows in range(1, 7):
+        x = torch.randn(1, rows, shape[1])
+        got = layer(x)
+        assert got.shape == (1, rows, shape[0]) and got.is_contiguous()
+        torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias), rtol=1e-4, atol=1e-4)
+
+
+def test_tied_weights_stay_tied_and_other_dtypes_are_left_alone():
+    model = tiny_model()
+    model.lm_head.weight = model.model.embed_tokens.weight
+    use_cpu_linears(model)
+    assert type(model.lm_head) is CpuLinear and model.lm_head.weight is model.model.embed_tokens.weight
+    half = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    use_cpu_linears(half)
+    assert type(half) is torch.nn.Linear
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_random_trees_stay_lossless_through_the_cpu_kernels(kind, monkeypatch):
+    monkeypatch.setattr(cpu_linear, "LARGE", 0)  # tiny weights: send them down the narrow path too
+    monkeypatch.setattr(cpu_linear, "HUGE", 0)
+    for seed in range(3):
+        model = tiny_model(kind, seed=seed)
+        cpu_kernels(model)
+        prompt = np.random.default_rng(seed).integers(0, VOCAB, 12).tolist()
+        truth = run(model, GraftProposer(0), prompt, 60)
+        assert run(model, OracleTreeProposer(truth, len(prompt), seed, "mixed"), prompt, 60) == truth

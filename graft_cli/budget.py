@@ -14,10 +14,11 @@ import numpy as np
 
 from graft_cli.tree import ROOT, Tree
 
-# Forward latency relative to one token, by tokens fed. CPU: measured on SmolLM2-135M with a 512-token cache
-# (graft-method.md section 6); CUDA: flat while the GPU is memory-bound, the regime EAGLE's budget of 60 assumes.
+# Forward latency relative to one token, by tokens fed. CPU: measured on SmolLM2-135M with a 512-token cache and
+# graft's CPU kernels (benchmarks/cpu_kernels.py, docs/benchmarks.md); CUDA: flat while the GPU is memory-bound, the
+# regime EAGLE's budget of 60 assumes.
 DEFAULT_LATENCY = {
-    "cpu": {1: 1.0, 8: 1.48, 16: 2.04, 32: 2.49, 64: 3.28},
+    "cpu": {1: 1.0, 2: 1.21, 3: 1.41, 4: 1.39, 6: 1.56, 8: 1.67, 12: 1.84, 16: 2.13, 24: 2.68, 32: 2.91, 64: 4.8},
     "cuda": {1: 1.0, 16: 1.0, 32: 1.02, 64: 1.08, 128: 1.35},
 }
 
@@ -53,8 +54,11 @@ class LatencyModel:
 
 @dataclass
 class Calibration:
-    """Per source and depth, the ratio of nodes accepted to acceptance predicted, applied to each node's
-    conditional score. Starts at 1 (trust the source) with a weak prior, so it adapts within a few steps."""
+    """Per source (or ``group``) and depth, the ratio of nodes accepted to acceptance predicted, applied to each
+    node's conditional score. Starts at 1 (trust the source) with a weak prior, so it adapts within a few steps.
+
+    The proposer keeps one over every source; a retriever may keep its own, grouped by what it knows of a lookup
+    (the prompt-local cache: how long the matched suffix was)."""
 
     prior: float = 2.0
     predicted: dict = field(default_factory=lambda: defaultdict(float))
@@ -68,23 +72,28 @@ class Calibration:
         key = self._key(source, depth)
         return (self.accepted[key] + self.prior) / (self.predicted[key] + self.prior)
 
-    def apply(self, tree: Tree) -> Tree:
+    def apply(self, tree: Tree, group: str | None = None) -> Tree:
         """The same tree with every node's conditional score (score / parent's score) corrected."""
         out = Tree()
         for node in tree.nodes:
             parent_raw = 1.0 if node.parent == ROOT else tree.nodes[node.parent].score
             parent_new = 1.0 if node.parent == ROOT else out.nodes[node.parent].score
             conditional = node.score / parent_raw if parent_raw > 0 else 0.0
-            corrected = min(1.0, conditional * self.ratio(node.source, node.depth))
+            corrected = min(1.0, conditional * self.ratio(group or node.source, node.depth))
             out.add(node.parent, node.token, node.source, parent_new * corrected, raw=conditional)
         return out
 
-    def observe(self, tree: Tree, accepted_nodes: list[int]) -> None:
-        """For every calibrated node whose parent was accepted: its source's own estimate, and the outcome."""
+    def observe(
+        self, tree: Tree, accepted_nodes: list[int], group: str | None = None, horizon: int | None = None
+    ) -> None:
+        """For every calibrated node whose parent was accepted: its source's own estimate, and the outcome.
+        Nodes deeper than ``horizon`` are left out (their outcome is unknown when the tree was not verified)."""
         reached = {ROOT, *accepted_nodes}
         accepted = set(accepted_nodes)
         for i, node in enumerate(tree.nodes):
+            if horizon is not None and node.depth > horizon:
+                continue
             if node.parent in reached and node.raw == node.raw:  # NaN: not calibrated
-                key = self._key(node.source, node.depth)
+                key = self._key(group or node.source, node.depth)
                 self.predicted[key] += node.raw
                 self.accepted[key] += i in accepted

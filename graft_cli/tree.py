@@ -64,6 +64,16 @@ class Tree:
     def child(self, parent: int, token: int) -> int | None:
         return self._index.get((parent, int(token)))
 
+    def follow(self, tokens: Sequence[int]) -> list[int]:
+        """The nodes along ``tokens`` from the root, as far as the tree goes (what greedy acceptance would take)."""
+        path, node = [], ROOT
+        for token in tokens:
+            node = self.child(node, token)
+            if node is None:
+                break
+            path.append(node)
+        return path
+
     def children(self, parent: int) -> list[int]:
         """Children of ``parent`` in insertion order (best first when proposers add best first)."""
         return [i for i, n in enumerate(self.nodes) if n.parent == parent]

@@ -1,0 +1,43 @@
+"""The prompt-local cache: ranked continuations of the longest matching suffix, and its own calibration."""
+
+from __future__ import annotations
+
+from graft_cli.tree import ROOT, Tree
+from plugins.base import Step
+from plugins.prompt_lookup import PromptLookup
+
+
+def test_every_occurrence_of_the_longest_match_contributes_ranked_by_count():
+    cache = PromptLookup(max_length=3)
+    cache.start([1, 2, 3, 4, 9, 1, 2, 3, 4, 7, 5, 2, 3, 5, 1, 2, 3])
+    tree = cache.retrieve([1, 2, 3, 4, 9, 1, 2, 3, 4, 7, 5, 2, 3, 5, 1, 2, 3], 10)
+    first = sorted(((n.score, n.token) for n in tree.nodes if n.parent == ROOT), reverse=True)
+    assert [token for _, token in first] == [4]  # "1 2 3" was followed by 4 twice; "2 3 5" is a shorter match
+    assert {tree.nodes[i].token for i in tree.children(tree.child(ROOT, 4))} == {9, 7}
+
+
+def test_follow_walks_the_tree_along_tokens():
+    tree = Tree()
+    a = tree.add(ROOT, 5, "x", 0.5)
+    b = tree.add(a, 6, "x", 0.4)
+    tree.add(ROOT, 7, "x", 0.3)
+    assert tree.follow([5, 6, 1]) == [a, b]
+    assert tree.follow([8]) == []
+
+
+def test_short_matches_that_miss_lose_trust_and_long_ones_keep_it():
+    cache = PromptLookup(max_length=2)
+    context = [1, 9, 4, 5, 6, 7, 4, 5, 6]
+    cache.start(context)
+    long_score = cache.retrieve(context, 4).nodes[0].score  # "4 5 6": a 3-token match, 7 follows
+    for r in range(30):  # a fresh token, then 1: only a one-token match, and the target never continues it so
+        context = [*context, 100 + 2 * r, 1]
+        naive = cache.retrieve(context, 4)
+        accepted = [101 + 2 * r]
+        cache.observe(Step([*context, *accepted], accepted, Tree(), []))
+        context = [*context, *accepted]
+    short_score = cache.retrieve([*context, 999, 1], 4).nodes[0].score
+    assert short_score < 0.15 and naive.nodes[0].raw >= 0.1  # the counts alone still vouch for it
+    assert cache.calibration.ratio("match1", 1) < 0.3
+    assert cache.calibration.ratio("match3", 1) == 1.0  # no longer lookup was judged
+    assert long_score >= 0.5

@@ -4,12 +4,8 @@ An n-gram position index grows by one entry per length with every new token, so 
 context. Unlike transformers' prompt lookup, which copies the first match, every earlier occurrence of the
 longest matching suffix contributes its continuation to a trie, scored by counts exactly as a suffix-array
 datastore scores its matches (the same code: ``datastores.suffix_array.continuation_trie``).
-
-How far to trust a lookup depends most on how long the matched suffix was: measured on Spec-Bench summarization,
-rag and writing with SmolLM2, the first token after a 1-token match was right 23% of the time, after an 8-token
-match 93%, while counts alone scored both about 0.5. So the cache calibrates its own scores per match length
-and depth, from the tokens each step really appended (whether or not its nodes were verified), and the engine's
-budget then spends verification on long matches and little on short ones.
+Scores are then calibrated per matched length (``plugins.calibration``): long matches earn verification slots,
+one-token matches few.
 """
 
 from __future__ import annotations
@@ -20,9 +16,9 @@ from typing import Sequence
 import numpy as np
 
 from datastores.suffix_array import SEP, continuation_trie
-from graft_cli.budget import Calibration
 from graft_cli.tree import Tree
 from plugins.base import RetrieverEnv, Step
+from plugins.calibration import LookupCalibration, match_group
 from plugins.store import to_tree
 
 
@@ -36,8 +32,7 @@ class PromptLookup:
         self.max_length, self.max_matches = max_length, max_matches
         self.tokens: list[int] = []
         self.ends: dict[tuple[int, ...], list[int]] = defaultdict(list)  # n-gram -> positions of its last token
-        self.calibration = Calibration()  # kept across requests: it learns this model's habits
-        self.pending: dict[int, tuple[Tree, str]] = {}  # context length -> the lookup made there, its group
+        self.calibration = LookupCalibration()
 
     def start(self, prompt: Sequence[int]) -> None:
         self.tokens = []
@@ -52,11 +47,7 @@ class PromptLookup:
                 self.ends[tuple(self.tokens[end - n + 1 : end + 1])].append(end)
 
     def observe(self, step: Step) -> None:
-        lookup = self.pending.get(len(step.context) - len(step.accepted))
-        if lookup is not None:
-            tree, group = lookup
-            self.calibration.observe(tree, tree.follow(step.accepted), group, horizon=len(step.accepted))
-        self.pending.clear()
+        self.calibration.observe(step)
         self._extend(step.context[len(self.tokens) :])
 
     def retrieve(self, context: Sequence[int], budget: int) -> Tree:
@@ -69,10 +60,8 @@ class PromptLookup:
                 rows = np.full((len(conts), max(map(len, conts))), SEP, dtype=np.uint32)
                 for row, cont in zip(rows, conts):
                     row[: len(cont)] = cont
-                group = f"match{min(n, 4)}"  # 1, 2, 3, 4+ tokens matched
-                tree = self.calibration.apply(to_tree(continuation_trie(rows, budget), self.name), group)
-                self.pending[len(context)] = (tree, group)
-                return tree
+                tree = to_tree(continuation_trie(rows, budget), self.name)
+                return self.calibration.apply(tree, len(context), match_group(n))
         return Tree()
 
 

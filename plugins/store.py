@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 from graft_cli.errors import GraftError
 from graft_cli.tree import ROOT, Tree
 from plugins.base import RetrieverEnv, Step
+from plugins.calibration import LookupCalibration, match_group
 
 _OPEN: dict[tuple[str, str | None, str], Any] = {}  # opened stores, shared by the retrievers of one process
 
@@ -77,6 +78,7 @@ class StoreRetriever:
         self.index = open_datastore(env, self.name, self.kind)
         self.params = self.read_params(env)
         self.last = None  # the last lookup, for stats and debugging
+        self.calibration = LookupCalibration()
 
     def read_params(self, env: RetrieverEnv) -> dict[str, Any]:
         raise NotImplementedError
@@ -88,7 +90,8 @@ class StoreRetriever:
         if budget <= 0 or not context:
             return Tree()
         self.last = self.index.lookup(context, budget=budget, **self.params)
-        return to_tree(self.last.nodes, self.name)
+        group = match_group(self.last.match_len, cap=8)
+        return self.calibration.apply(to_tree(self.last.nodes, self.name), len(context), group)
 
     def observe(self, step: Step) -> None:
-        pass
+        self.calibration.observe(step)

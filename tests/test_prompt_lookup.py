@@ -38,6 +38,6 @@ def test_short_matches_that_miss_lose_trust_and_long_ones_keep_it():
         context = [*context, *accepted]
     short_score = cache.retrieve([*context, 999, 1], 4).nodes[0].score
     assert short_score < 0.15 and naive.nodes[0].raw >= 0.1  # the counts alone still vouch for it
-    assert cache.calibration.ratio("match1", 1) < 0.3
-    assert cache.calibration.ratio("match3", 1) == 1.0  # no longer lookup was judged
+    assert cache.calibration.calibration.ratio("match1", 1) < 0.3
+    assert cache.calibration.calibration.ratio("match3", 1) == 1.0  # no longer lookup was judged
     assert long_score >= 0.5

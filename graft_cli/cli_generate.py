@@ -27,6 +27,7 @@ def generate(
     draft_top_k: Optional[int] = typer.Option(None, "--draft-top-k", min=1, help="Draft nodes expanded per level and children per node (default: 2 on CPU, 8 on CUDA)."),
     prune_at: Optional[str] = typer.Option(None, "--prune-at", help="Pruning checkpoints LEVEL:THRESHOLD[:SHARE],... (default 0:0.35,1:0.25,5:0.15; 'none': no pruning)."),
     chain: bool = typer.Option(False, "--chain", help="Draft a single chain; with graft: Graft(TAIL), retrieved tokens fill the tail."),
+    draft_vocab: Optional[int] = typer.Option(None, "--draft-vocab", min=0, help="A draft model scores only the N lowest token ids plus special tokens (default: all)."),
     rope_theta: Optional[float] = typer.Option(None, "--rope-theta", help="RoPE base of an EAGLE-3 head (default: its config's, else 10000)."),
     adjacency_file: Optional[str] = typer.Option(None, "--adjacency-file", help="Keep the recycling adjacency table in FILE across runs (safetensors)."),
     retrievers: Optional[str] = typer.Option(None, "--retrievers", help="Comma-separated retriever plugins."),
@@ -67,7 +68,8 @@ def generate(
     if adjacency_file:
         options["adjacency_file"] = adjacency_file
     config = MethodConfig(method, parse_budget(budget), retrievers.split(",") if retrievers else None, options, draft,
-                          depth=depth, draft_top_k=draft_top_k, prune_at=prune_at, chain=chain, rope_theta=rope_theta)
+                          depth=depth, draft_top_k=draft_top_k, prune_at=prune_at, chain=chain, rope_theta=rope_theta,
+                          draft_vocab=draft_vocab)
     loaded = load_model(model, device, dtype)
     session = _Session(loaded, config, sampling, max_new_tokens, seed)
     session.raw = raw

@@ -54,6 +54,7 @@ class MethodConfig:
     prune_at: str | None = None  # "LEVEL:THRESHOLD[:SHARE],...[,floor:X]"; None: (0.35, 0.25, 0.15), device floor
     chain: bool = False  # draft one path (Graft(TAIL) with graft)
     rope_theta: float | None = None  # EAGLE-3 heads: the RoPE base the head was trained with
+    draft_vocab: int | None = None  # draft models: score only the N lowest ids + special tokens (None/0: all)
 
 
 def default_budget(device: str) -> int:
@@ -118,7 +119,8 @@ def build(config: MethodConfig, loaded) -> GraftProposer:
         if method != "dense":
             prune = PruneSchedule.parse(config.prune_at if config.prune_at is not None else DEFAULT_PRUNE,
                                         default_floor(device))
-        drafter = load_drafter(config.draft, loaded, depth, top_k, prune, config.chain, config.rope_theta)
+        drafter = load_drafter(config.draft, loaded, depth, top_k, prune, config.chain, config.rope_theta,
+                               config.draft_vocab)
     names = config.retrievers if config.retrievers is not None else list(RETRIEVERS[method])
     if config.retrievers is None and method == "graft" and config.options.get("datastore"):
         names.append(STORE_RETRIEVER)

@@ -138,7 +138,7 @@ def test_method_wiring(monkeypatch):
     loaded = tiny_loaded(tiny_model(seed=1))
     seen = {}
 
-    def fake_drafter(spec, target, depth, top_k, prune, chain, rope_theta=None):
+    def fake_drafter(spec, target, depth, top_k, prune, chain, rope_theta=None, vocab=None):
         seen.update(spec=spec, depth=depth, top_k=top_k, prune=prune, chain=chain)
         return DraftModelDrafter(tiny_model(seed=2), VOCAB, depth, top_k, prune, chain)
 
@@ -195,3 +195,23 @@ def test_real_qwen_pair_is_lossless():
         assert got == ar
         accepted += stats.accepted["draft"]
     assert accepted > 10  # the 0.5B model really drafts for the 1.5B one
+
+
+def test_a_reduced_draft_vocabulary_drafts_only_its_ids_and_stays_lossless():
+    from graft_cli.drafters.draft_model import draft_vocab
+
+    class Tok:
+        all_special_ids = [VOCAB - 1]
+        added_tokens_decoder = {VOCAB - 2: None}
+
+    vocab = draft_vocab(Tok(), VOCAB, 40)
+    assert vocab.tolist() == [*range(40), VOCAB - 2, VOCAB - 1]
+    assert draft_vocab(Tok(), VOCAB, 0) is None and draft_vocab(Tok(), VOCAB, VOCAB) is None
+    target, draft = tiny_model(seed=1), tiny_model(seed=1)  # the draft is the target: a perfect drafter
+    drafter = DraftModelDrafter(draft, VOCAB, depth=4, top_k=2, vocab=vocab)
+    prompt = list(range(5, 17))
+    truth = run(target, GraftProposer(0), prompt, 40)
+    stats = Stats()
+    assert run(target, GraftProposer(8, drafter=drafter), prompt, 40, stats) == truth
+    assert drafter.pool.nodes and all(node.token in set(vocab.tolist()) for node in drafter.pool.nodes)
+    assert stats.accepted["draft"] > 0

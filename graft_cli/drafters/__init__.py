@@ -180,19 +180,20 @@ def _gather(rows: Any, index: list[int]) -> Any:
 
 
 def load_drafter(spec: str, target: Any, depth: int, top_k: int, prune: PruneSchedule | None, chain: bool,
-                 rope_theta: float | None = None) -> TreeDrafter:
+                 rope_theta: float | None = None, vocab: int | None = None) -> TreeDrafter:
     """``--draft`` to a drafter over the loaded target (a graft_cli.loading.Loaded): a model spec, or eagle3:DIR."""
     if spec.startswith("eagle3:"):
         from graft_cli.drafters.eagle3 import Eagle3Drafter, load_head
 
         head = load_head(spec[len("eagle3:") :], target.model, rope_theta)
         return Eagle3Drafter(head, target.model, depth=depth, top_k=top_k, prune=prune, chain=chain)
-    from graft_cli.drafters.draft_model import DraftModelDrafter, check_vocab
+    from graft_cli.drafters.draft_model import DraftModelDrafter, check_vocab, draft_vocab
     from graft_cli.loading import load_model
 
     device = target.device
     dtype = str(next(target.model.parameters()).dtype).replace("torch.", "")
     loaded = load_model(spec, device, dtype)
     check_vocab(target.tokenizer, loaded.tokenizer, spec)
-    return DraftModelDrafter(loaded.model, target.model.config.vocab_size, depth=depth, top_k=top_k, prune=prune,
-                             chain=chain)
+    size = target.model.config.vocab_size
+    kept = draft_vocab(target.tokenizer, size, vocab or 0)
+    return DraftModelDrafter(loaded.model, size, depth=depth, top_k=top_k, prune=prune, chain=chain, vocab=kept)

@@ -5,6 +5,12 @@ compaction to the accepted path) driven one level at a time: it holds the accept
 the current draft. After verification the rows of accepted nodes the drafter fed stay (their keys and values are
 exactly what a causal pass would give), the rest are cut, and the next draft feeds only what is still missing
 (usually the bonus token): the context is never prefilled twice.
+
+With ``--draft-vocab N`` the drafter scores only part of the vocabulary (the N lowest ids, which byte-level BPE
+tokenizers give their earliest, most frequent merges, plus the special tokens), as EAGLE-3's heads do: the LM head
+is a quarter of a 0.5B Qwen's weights. A token outside it is never drafted; the target still verifies everything,
+so output is unchanged. It is off by default: on a coding prompt with the Qwen pair (CPU), N = 32768 cut τ from
+6.18 to 5.07 and N = 65536 kept τ but saved only 6% of the draft time.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
+from torch.nn import functional as F
 
 from graft_cli.drafters import TreeDrafter
 from graft_cli.errors import GraftError
@@ -33,8 +40,28 @@ def check_vocab(target_tokenizer: Any, draft_tokenizer: Any, spec: str) -> None:
         )
 
 
+def draft_vocab(tokenizer: Any, vocab_size: int, size: int) -> torch.Tensor | None:
+    """The target ids a draft model scores: the ``size`` lowest, and every special or added token (stop tokens
+    among them). None (the whole vocabulary) when that is not smaller, or ``size`` is 0."""
+    if size <= 0 or size >= vocab_size:
+        return None
+    special = set(getattr(tokenizer, "all_special_ids", []) or []) | set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    ids = sorted(set(range(size)) | {i for i in special if 0 <= i < vocab_size})
+    return torch.tensor(ids, dtype=torch.long)
+
+
 class DraftCache(Target):
-    """The target's KV-cache mechanics for a draft model, plus forwards of tree levels under a mask."""
+    """The target's KV-cache mechanics for a draft model, plus forwards of tree levels under a mask; logits over
+    ``vocab`` only when given (through the decoder and a sliced copy of the LM head)."""
+
+    def __init__(self, model: torch.nn.Module, vocab: torch.Tensor | None = None) -> None:
+        super().__init__(model)
+        self.head = None
+        if vocab is not None:
+            lm_head = model.get_output_embeddings()
+            bias = getattr(lm_head, "bias", None)
+            vocab = vocab.to(self.device)
+            self.head = (lm_head.weight[vocab].detach().clone(), None if bias is None else bias[vocab].detach().clone())
 
     @torch.inference_mode()
     def feed(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None,
@@ -49,24 +76,24 @@ class DraftCache(Target):
             block.masked_fill_(~allowed, torch.finfo(self.dtype).min)
             prefix = torch.zeros((allowed.shape[0], past - tree_rows), dtype=self.dtype, device=self.device)
             mask = torch.cat([prefix, block], dim=1)[None, None]
-        out = self.model(
-            input_ids=tokens.to(self.device)[None],
-            position_ids=positions.to(self.device)[None],
-            attention_mask=mask,
-            cache=self.cache,
-            use_cache=True,
-            logits_to_keep=1 if last_only else 0,
-        )
+        inputs = dict(input_ids=tokens.to(self.device)[None], position_ids=positions.to(self.device)[None],
+                      attention_mask=mask, cache=self.cache, use_cache=True)
+        if self.head is None:
+            logits = self.model(**inputs, logits_to_keep=1 if last_only else 0).logits[0]
+        else:
+            hidden = self.model.get_decoder()(**inputs).last_hidden_state[0]
+            logits = F.linear(hidden[-1:] if last_only else hidden, *self.head)
         self.length = past + tokens.shape[0]
-        return out.logits[0]
+        return logits
 
 
 class DraftModelDrafter(TreeDrafter):
     def __init__(self, model: torch.nn.Module, vocab_size: int, depth: int = 6, top_k: int = 4,
-                 prune: PruneSchedule | None = None, chain: bool = False) -> None:
+                 prune: PruneSchedule | None = None, chain: bool = False, vocab: torch.Tensor | None = None) -> None:
         super().__init__(depth, top_k, prune, chain)
-        self.cache = DraftCache(model)
-        self.vocab_size = vocab_size  # the target's: draft logits past it are never proposed
+        self.cache = DraftCache(model, vocab)
+        self.vocab = None if vocab is None else vocab.to(self.cache.device)  # target id of each logit column
+        self.vocab_size = vocab_size if vocab is None else len(vocab)  # draft logits past it are never proposed
         self.root_position = 0
 
     def start(self, prompt: Sequence[int], prefill: Step) -> None:
@@ -75,6 +102,9 @@ class DraftModelDrafter(TreeDrafter):
 
     def _logp(self, logits: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(logits[..., : self.vocab_size].float(), dim=-1)
+
+    def _to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids if self.vocab is None else self.vocab[ids]
 
     def _root(self, context: Sequence[int]) -> tuple[torch.Tensor, Any]:
         done = self.cache.length

@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from graft_cli.cpu_linear import CpuLinear  # noqa: E402
+from graft_cli.cpu_linear import use_cpu_linears  # noqa: E402
 from graft_cli.loading import load_model  # noqa: E402
 from graft_cli.profile import measure  # noqa: E402
 
@@ -27,7 +27,9 @@ def kernels(model: torch.nn.Module, on: bool) -> None:
     os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1" if on else "0"
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
-            module.__class__ = CpuLinear if on else torch.nn.Linear
+            module.__class__ = torch.nn.Linear
+    if on:
+        use_cpu_linears(model)
 
 
 def main() -> None:

@@ -35,15 +35,22 @@ def onednn_available() -> bool:
     return True
 
 
+def narrow_rows(weight: torch.Tensor) -> tuple[int, ...]:
+    """Row counts for which ``weight`` goes through the narrow GEMM."""
+    out_features, in_features = weight.shape
+    rows = (2, 3) if out_features >= in_features and weight.numel() >= LARGE else ()
+    return (*rows, 4) if weight.numel() >= HUGE else rows
+
+
 class CpuLinear(nn.Linear):
     """``nn.Linear`` whose forward picks the faster CPU kernel by row count; the same parameters (tied weights
-    stay tied)."""
+    stay tied). ``narrow`` (the row counts that go narrow) is set once, when a layer is switched."""
+
+    narrow: tuple[int, ...] = ()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.numel() else 0
-        size = self.weight.numel()
-        widening = self.out_features >= self.in_features
-        if 2 <= rows <= 3 and widening and size >= LARGE or rows == 4 and size >= HUGE:
+        if rows in self.narrow:
             y = (self.weight @ x.reshape(rows, -1).T).T.contiguous()  # a transposed view would slow the next layer
             if self.bias is not None:
                 y = y + self.bias
@@ -58,3 +65,4 @@ def use_cpu_linears(model: nn.Module) -> None:
     for module in model.modules():
         if type(module) is nn.Linear and module.weight.device.type == "cpu" and module.weight.dtype == torch.float32:
             module.__class__ = CpuLinear
+            module.narrow = narrow_rows(module.weight)

@@ -151,10 +151,9 @@ class TreeDrafter:
 
     def _accepted_rows(self, accepted: Sequence[int]) -> list[int]:
         """Tree-block rows of the accepted path's leading nodes that the drafter fed (their KV is exact)."""
-        rows, node = [], ROOT
-        for token in accepted:
-            node = self.pool.child(node, token)
-            if node is None or node not in self.fed:
+        rows = []
+        for node in self.pool.follow(accepted):
+            if node not in self.fed:
                 break
             rows.append(self.fed[node])
         return rows

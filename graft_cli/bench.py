@@ -383,11 +383,25 @@ def record_key(record: dict) -> tuple[str, str]:
     return json.dumps(record["question_id"]), record["method"]
 
 
-def read_runs(path: Path, fingerprints: dict[str, str]) -> dict[tuple[str, str], dict]:
-    """Records of an earlier run whose method fingerprint still matches (what --resume keeps)."""
+def runs_files(out_dir: Path, shard: tuple[int, int] | None = None) -> list[Path]:
+    """Where runs are appended: ``runs.jsonl``, or ``runs.K-of-N.jsonl`` for a shard. With ``shard`` None: every
+    runs file in ``out_dir`` (what --resume and --report-only merge), ``runs.jsonl`` first."""
+    if shard is not None:
+        return [out_dir / f"runs.{shard[0]}-of-{shard[1]}.jsonl"]
+    return [out_dir / "runs.jsonl"] + sorted(out_dir.glob("runs.*-of-*.jsonl"))
+
+
+def read_runs(paths: Path | Sequence[Path], fingerprints: dict[str, str]) -> dict[tuple[str, str], dict]:
+    """Records of earlier runs whose method fingerprint still matches (what --resume keeps)."""
     done: dict[tuple[str, str], dict] = {}
-    if not path.is_file():
-        return done
+    for path in [paths] if isinstance(paths, Path) else paths:
+        if path.is_file():
+            done.update(_read_records(path, fingerprints))
+    return done
+
+
+def _read_records(path: Path, fingerprints: dict[str, str]) -> dict[tuple[str, str], dict]:
+    done: dict[tuple[str, str], dict] = {}
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             record = json.loads(line)
@@ -670,7 +684,8 @@ class BenchOptions:
     dtype: str = "auto"
     out: Path = Path("bench-results")
     resume: bool = False
-    report_only: bool = False  # write the outputs from OUT/runs.jsonl, run nothing
+    report_only: bool = False  # write the outputs from OUT/runs*.jsonl, run nothing
+    shard: tuple[int, int] | None = None  # (K, N): questions K, K+N, ... only; records to OUT/runs.K-of-N.jsonl
     warmup: bool = True
     plots: bool = True
     command: str = ""
@@ -851,6 +866,12 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     path = resolve_dataset(opts.dataset)
     questions = load_questions(path, opts.categories, opts.limit)
     categories = categories_of(questions)
+    if opts.shard:
+        if opts.report_only:
+            raise GraftError("--report-only merges every shard: give it without --shard")
+        questions = questions[opts.shard[0]::opts.shard[1]]
+        if not questions:
+            raise GraftError(f"--shard {opts.shard[0]}/{opts.shard[1]}: no questions in this shard")
     names, explicit = _expand_methods(opts.methods, methods.METHODS, opts.draft)
     specs = plan_methods(names, methods.METHODS, opts.budgets)
     if any(s.method == "hf-assisted" for s in specs) and not opts.draft:
@@ -888,13 +909,15 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
 
     out_dir = Path(opts.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs_path = out_dir / "runs.jsonl"
+    runs_path = runs_files(out_dir, opts.shard)[0]
+    every_run = runs_files(out_dir)
     resume = opts.resume or opts.report_only
-    if opts.report_only and not runs_path.is_file():
-        raise GraftError(f"--report-only: no {runs_path} to report from")
-    done = read_runs(runs_path, fingerprints) if resume else {}
-    if not resume and runs_path.exists():
-        runs_path.unlink()
+    if opts.report_only and not any(p.is_file() for p in every_run):
+        raise GraftError(f"--report-only: no {every_run[0]} to report from")
+    done = read_runs(every_run, fingerprints) if resume else {}
+    if not resume:
+        for p in [runs_path] if opts.shard else every_run:
+            p.unlink(missing_ok=True)
     wanted = {json.dumps(q.question_id) for q in questions}
     done = {k: r for k, r in done.items() if k[0] in wanted}
     old = {r.get("commit") for r in done.values()} - {commit}
@@ -939,7 +962,7 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
                                   on_record, {"commit": commit}, failed)
         except KeyboardInterrupt as e:
             interrupted = e
-            records = list(read_runs(runs_path, fingerprints).values())
+            records = [r for k, r in read_runs(every_run, fingerprints).items() if k[0] in wanted and k[1] in names]
         finally:
             for runner in runners:  # retrievers that keep state on disk (when asked to) save it
                 close = getattr(runner, "close", None)
@@ -997,17 +1020,24 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         "complete": interrupted is None and not failed and len(records) == total,
         "report_only": opts.report_only,
     }
-    write_results(out_dir / "results.json", results)
-    write_answers(out_dir, records, names, questions, model_id)
-    if opts.plots and summary.get("overall"):
+    if opts.shard:  # the merged outputs come from --report-only once every shard has finished
+        write_results(out_dir / f"results.{opts.shard[0]}-of-{opts.shard[1]}.json", results)
+    else:
+        write_results(out_dir / "results.json", results)
+        write_answers(out_dir, records, names, questions, model_id)
+    if opts.plots and summary.get("overall") and not opts.shard:
         from graft_cli import plots
 
         plots.write_all(out_dir, results)
     n_questions = summary.get("overall", {}).get("ar", {}).get("questions", 0)
     title = f"{model_id} on {opts.dataset}: {n_questions} questions, {opts.max_new_tokens} new tokens, {device}"
     console.print(table(summary, names, title))
-    err.print(f"graft bench: results in {out_dir}/ (results.json, answers/, runs.jsonl"
-              f"{', plots' if opts.plots else ''})")
+    if opts.shard:
+        err.print(f"graft bench: shard {opts.shard[0]}/{opts.shard[1]} in {out_dir}/{runs_path.name}; once every "
+                  f"shard has finished, the same command with --report-only instead of --shard merges them")
+    else:
+        err.print(f"graft bench: results in {out_dir}/ (results.json, answers/, runs.jsonl"
+                  f"{', plots' if opts.plots else ''})")
     if interrupted is not None:
         raise interrupted
     for m in mismatches:

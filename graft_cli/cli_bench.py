@@ -31,6 +31,7 @@ def bench(
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice)."),
     out: Path = typer.Option(Path("bench-results"), "--out", "-o", help="Directory for results.json, answers/, runs.jsonl and plots."),
+    shard: Optional[str] = typer.Option(None, "--shard", help="K/N: run only questions K, K+N, K+2N, ... (from 0), writing OUT/runs.K-of-N.jsonl; run the N shards side by side (one per core or GPU), then --report-only merges them."),
     resume: bool = typer.Option(False, "--resume", help="Keep the finished runs in OUT/runs.jsonl that match this configuration; run the rest."),
     report_only: bool = typer.Option(False, "--report-only", help="Run nothing: write the table, results.json, answers and plots from OUT/runs.jsonl (the runs matching this configuration)."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One short untimed generation per method first."),
@@ -62,6 +63,7 @@ def bench(
         device=device,
         dtype=dtype,
         out=out,
+        shard=_shard(shard),
         resume=resume,
         report_only=report_only,
         warmup=warmup,
@@ -85,6 +87,19 @@ def _pairs(pairs: list[str], flag: str) -> dict[str, str]:
             raise GraftError(f"{flag} expects FIELD=VALUE, got '{pair}'")
         out[key.strip().replace("-", "_")] = value.strip()
     return out
+
+
+def _shard(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    k, sep, n = text.partition("/")
+    try:
+        shard = int(k), int(n)
+    except ValueError:
+        shard = None
+    if not sep or shard is None or not 0 <= shard[0] < shard[1]:
+        raise GraftError(f"--shard expects K/N with 0 <= K < N, e.g. 0/2, got '{text}'")
+    return shard
 
 
 def _split(text: str | None) -> list[str]:

@@ -437,6 +437,25 @@ def test_shared_models_hands_out_the_loaded_copy(tiny_dir):
     assert loading.load_model is original
 
 
+def test_cli_bench_shards_run_apart_and_merge_in_the_report(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    common = ["bench", "--model", str(tiny_dir), "--dataset", str(_dataset(tmp_path)), "--max-new-tokens", "4",
+              "--methods", "pld", "--out", str(out), "--no-warmup", "--no-plots"]
+    for k in (0, 1):
+        code, _, stderr = run_cli(common + ["--shard", f"{k}/2"], capsys)
+        assert code == 0 and f"runs.{k}-of-2.jsonl" in stderr.replace("\n", ""), stderr
+    ids = [[json.loads(x)["question_id"] for x in (out / f"runs.{k}-of-2.jsonl").read_text().splitlines()]
+           for k in (0, 1)]
+    assert sorted(ids[0]) == [1, 1, 3, 3] and ids[1] == [2, 2]  # questions 0 and 2 of 3, then 1; two methods each
+    assert not (out / "results.json").exists() and (out / "results.1-of-2.json").exists()
+    code, _, stderr = run_cli(common + ["--report-only"], capsys)
+    assert code == 0, stderr
+    merged = json.loads((out / "results.json").read_text())
+    assert merged["complete"] and merged["summary"]["overall"]["pld"]["questions"] == 3
+    code, _, stderr = run_cli(common + ["--shard", "0/2", "--report-only"], capsys)
+    assert code == 2 and "without --shard" in stderr
+
+
 def test_cli_bench_rejects_bad_options(tmp_path, capsys):
     for argv, message in [
         (["bench", "--methods", "nope", "--dataset", str(_dataset(tmp_path))], "unknown method nope"),
@@ -444,6 +463,8 @@ def test_cli_bench_rejects_bad_options(tmp_path, capsys):
         (["bench", "--budgets", "4,x"], "--budget"),
         (["bench", "--methods", "hf-assisted", "--dataset", str(_dataset(tmp_path))], "needs a draft model"),
         (["bench", "--dataset", str(tmp_path / "none.jsonl")], "dataset not found"),
+        (["bench", "--shard", "2/2"], "--shard expects K/N"),
+        (["bench", "--shard", "x"], "--shard expects K/N"),
     ]:
         code, _, stderr = run_cli(argv, capsys)
         assert code == 2 and message in stderr, stderr

@@ -138,6 +138,7 @@ class Turn:
     time_s: dict = field(default_factory=dict)
     peak_mem_mb: float | None = None
     budget_mean: float | None = None  # mean tree nodes chosen per step under --budget auto
+    draft_forwards: int = 0  # forwards of the draft model or head
 
 
 class Runner(Protocol):
@@ -253,7 +254,7 @@ class EngineRunner:
         return Turn(
             tokens, wall, list(stats.accept_lengths), stats.steps, dict(stats.proposed), dict(stats.accepted),
             {k: round(v, 4) for k, v in stats.times.items()}, mem.peak,
-            round(sum(budgets) / len(budgets), 2) if budgets else None,
+            round(sum(budgets) / len(budgets), 2) if budgets else None, stats.draft_forwards,
         )
 
 
@@ -364,6 +365,7 @@ def run_question(runner: Runner, question: Question, conv: Conversation, max_new
             "time_s": turn.time_s,
             "peak_mem_mb": round(turn.peak_mem_mb, 1) if turn.peak_mem_mb is not None else None,
             "budget_mean": turn.budget_mean,
+            "draft_forwards": turn.draft_forwards,
             "text": answer,
             "tokens": turn.tokens,
         })
@@ -503,7 +505,7 @@ def _aggregate(records: Sequence[dict]) -> dict:
     proposed: Counter = Counter()
     accepted: Counter = Counter()
     times: Counter = Counter()
-    steps, peak, cpu = 0, 0.0, 0.0
+    steps, peak, cpu, draft_forwards = 0, 0.0, 0.0, 0
     budgets = []
     for r in records:
         q_tokens = sum(t["new_tokens"] for t in r["turns"])
@@ -519,6 +521,7 @@ def _aggregate(records: Sequence[dict]) -> dict:
             times.update(t["time_s"])
             peak = max(peak, t["peak_mem_mb"] or 0.0)
             cpu += t.get("cpu_s", 0.0)
+            draft_forwards += t.get("draft_forwards", 0)
             if t.get("budget_mean") is not None:
                 budgets.append((t["budget_mean"], t["steps"]))
     total_proposed = sum(proposed.values())
@@ -532,6 +535,8 @@ def _aggregate(records: Sequence[dict]) -> dict:
         "tau": round(sum(lengths) / len(lengths), 3) if lengths else 1.0,
         "steps": steps,
         "nodes_per_step": round(total_proposed / steps, 2) if steps and total_proposed else 0.0,
+        "draft_forwards": draft_forwards,
+        "draft_forwards_per_step": round(draft_forwards / steps, 2) if steps else 0.0,
         "proposed": dict(proposed),
         "accepted": dict(accepted),
         "time_s": {k: round(v, 3) for k, v in times.items()},

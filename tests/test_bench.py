@@ -440,18 +440,21 @@ def test_shared_models_hands_out_the_loaded_copy(tiny_dir):
 def test_cli_bench_shards_run_apart_and_merge_in_the_report(tiny_dir, tmp_path, capsys):
     out = tmp_path / "out"
     common = ["bench", "--model", str(tiny_dir), "--dataset", str(_dataset(tmp_path)), "--max-new-tokens", "4",
-              "--methods", "pld", "--out", str(out), "--no-warmup", "--no-plots"]
+              "--methods", "pld,dense", "--draft", str(tiny_dir), "--out", str(out), "--no-warmup", "--no-plots"]
     for k in (0, 1):
         code, _, stderr = run_cli(common + ["--shard", f"{k}/2"], capsys)
         assert code == 0 and f"runs.{k}-of-2.jsonl" in stderr.replace("\n", ""), stderr
     ids = [[json.loads(x)["question_id"] for x in (out / f"runs.{k}-of-2.jsonl").read_text().splitlines()]
            for k in (0, 1)]
-    assert sorted(ids[0]) == [1, 1, 3, 3] and ids[1] == [2, 2]  # questions 0 and 2 of 3, then 1; two methods each
+    assert sorted(ids[0]) == [1, 1, 1, 3, 3, 3] and ids[1] == [2, 2, 2]  # questions 0 and 2 of 3, then 1
     assert not (out / "results.json").exists() and (out / "results.1-of-2.json").exists()
     code, _, stderr = run_cli(common + ["--report-only"], capsys)
     assert code == 0, stderr
     merged = json.loads((out / "results.json").read_text())
     assert merged["complete"] and merged["summary"]["overall"]["pld"]["questions"] == 3
+    dense, pld = merged["summary"]["overall"]["dense"], merged["summary"]["overall"]["pld"]
+    assert dense["draft_forwards"] >= dense["steps"] and dense["draft_forwards_per_step"] >= 1
+    assert pld["draft_forwards"] == 0
     code, _, stderr = run_cli(common + ["--shard", "0/2", "--report-only"], capsys)
     assert code == 2 and "without --shard" in stderr
 

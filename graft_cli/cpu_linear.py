@@ -2,67 +2,84 @@
 
 Speculative decoding pays off when feeding k tokens costs far less than k forwards. With PyTorch's default fp32
 CPU path (MKL) it did not on this project's machine (AMD EPYC, one thread): ``F.linear`` over 2 or 3 rows of a
-large weight cost about 2 and 3 times 1 row, so a 2-token tree cost the 0.5B Qwen two forwards. Two measured
-remedies, each the same product with another kernel (docs/benchmarks.md, "CPU kernels"):
+large weight cost about 2 and 3 times 1 row, because the GEMM repacks the whole weight on every call and a
+one-token forward only streams it. The remedy, measured (docs/benchmarks.md, "CPU kernels"):
 
-- 2-3 rows through a large weight that widens (out >= in, and 4 rows through an LM head): ``(W @ x.T).T``, a
-  GEMM with a narrow right-hand side that streams the weight once. 2 rows then cost about 1.1 rows.
-- everything else: oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``), 1.2-1.8x faster than MKL's from 2 to
-  32 rows here, and no slower for 1 row. Plain ``F.linear`` where that operator is missing.
+- every weight is packed once, at load, into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``)
+  and multiplied with ``torch.ops.mkldnn._linear_pointwise``: feeding 4 to 6 tokens to SmolLM2 then costs about
+  what 1 token costs, and 16 tokens 1.8 (against 1.34-1.59 and 2.16 before);
+- inputs of 1-3 rows are padded to 4: oneDNN's kernels for fewer rows over a packed weight run slower than 4
+  rows (2 rows cost 1.3 one-row forwards, 4 rows 1.0).
 
-The summation order changes in the last bits, as it already did between MKL's kernels for different row counts;
-greedy outputs stay identical to plain decoding in the same process, which is what the tests check.
+The packed copy costs as much memory as the weights (mmapped safetensors are shared page cache; the copy is not),
+so a model is packed only when the machine has room for it; otherwise its layers run oneDNN over the plain
+weight. The summation order changes in the last bits, as it already did between MKL's kernels for different row
+counts; greedy outputs stay identical to plain decoding in the same process, which is what the tests check.
 """
 
 from __future__ import annotations
 
 from functools import cache
+from pathlib import Path
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
-LARGE = 1 << 21  # weights of 2M+ elements that widen: 2-3 rows go narrow
-HUGE = 1 << 24  # 16M+ (LM heads): 4 rows too
+PAD_ROWS = 4  # 1-3 rows through a packed weight run as 4
+PACK_BATCH = 8  # the row count oneDNN's packed layout is chosen for (measured best among 1, 4 and 8)
+MEMORY_SHARE = 0.5  # pack a model only if the copy fits in this share of the memory still available
 
 
 @cache
 def onednn_available() -> bool:
     try:
         torch.ops.mkldnn._linear_pointwise(torch.ones(1, 2), torch.ones(3, 2), None, "none", [], "")
+        torch.ops.mkldnn._reorder_linear_weight(torch.ones(3, 2), PACK_BATCH)
     except (AttributeError, RuntimeError):
         return False
     return True
 
 
-def narrow_rows(weight: torch.Tensor) -> tuple[int, ...]:
-    """Row counts for which ``weight`` goes through the narrow GEMM."""
-    out_features, in_features = weight.shape
-    rows = (2, 3) if out_features >= in_features and weight.numel() >= LARGE else ()
-    return (*rows, 4) if weight.numel() >= HUGE else rows
-
-
 class CpuLinear(nn.Linear):
-    """``nn.Linear`` whose forward picks the faster CPU kernel by row count; the same parameters (tied weights
-    stay tied). ``narrow`` (the row counts that go narrow) is set once, when a layer is switched."""
+    """``nn.Linear`` over a oneDNN-packed copy of its weight (``packed``, made once when the layer is switched;
+    None: oneDNN over the plain weight). The parameters stay as they are (tied weights stay tied)."""
 
-    narrow: tuple[int, ...] = ()
+    packed: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1] if x.numel() else 0
-        if rows in self.narrow:
-            y = (self.weight @ x.reshape(rows, -1).T).T.contiguous()  # a transposed view would slow the next layer
-            if self.bias is not None:
-                y = y + self.bias
-            return y.reshape(*x.shape[:-1], self.out_features)
-        if onednn_available():
+        if self.packed is None:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        rows = x.numel() // x.shape[-1] if x.numel() else 0
+        if 0 < rows < PAD_ROWS:
+            flat = x.reshape(rows, -1)
+            padded = torch.cat([flat, flat.new_zeros(PAD_ROWS - rows, flat.shape[1])])
+            y = torch.ops.mkldnn._linear_pointwise(padded, self.packed, self.bias, "none", [], "")[:rows]
+            return y.reshape(*x.shape[:-1], self.out_features)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-def use_cpu_linears(model: nn.Module) -> None:
-    """Switch every plain ``nn.Linear`` of an fp32 CPU model to ``CpuLinear`` in place (nothing is copied)."""
-    for module in model.modules():
-        if type(module) is nn.Linear and module.weight.device.type == "cpu" and module.weight.dtype == torch.float32:
-            module.__class__ = CpuLinear
-            module.narrow = narrow_rows(module.weight)
+def use_cpu_linears(model: nn.Module, pack: bool | None = None) -> None:
+    """Switch every plain fp32 CPU ``nn.Linear`` of ``model`` to ``CpuLinear`` in place (nothing is copied but
+    the packed weights). ``pack`` None: pack when the copy fits in the memory available."""
+    if not onednn_available():
+        return  # plain F.linear it stays
+    layers = [m for m in model.modules()
+              if type(m) is nn.Linear and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32]
+    if pack is None:
+        need = sum(m.weight.numel() * m.weight.element_size() for m in layers)
+        pack = need <= MEMORY_SHARE * available_memory()
+    for module in layers:
+        module.__class__ = CpuLinear
+        if pack:
+            module.packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PACK_BATCH)
+
+
+def available_memory() -> int:
+    """Bytes of memory the kernel says a new allocation can use (Linux ``MemAvailable``; elsewhere: unknown, 0)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0

@@ -28,7 +28,7 @@ CUDA_SIZES = (1, 2, 4, 8, 16, 32, 64, 96, 128)
 CONTEXT = 320  # tokens in the KV cache while measuring
 REPEATS = 5
 NOISY = 0.5  # timings spread above this: warn that the machine was busy
-PROFILE_VERSION = 2
+PROFILE_VERSION = 3  # 3: CPU linears over packed oneDNN weights (graft_cli/cpu_linear.py); older profiles are remeasured
 
 
 def parse_budget(value: str | int | None) -> int | str | None:

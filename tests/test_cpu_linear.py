@@ -17,16 +17,29 @@ from tests.tiny import VOCAB, tiny_model
 
 @pytest.mark.parametrize("shape", [(2048, 1024), (1024, 2048), (96, 64)])  # wide and large, narrowing, small
 @pytest.mark.parametrize("bias", [False, True])
-def test_every_row_count_gives_the_linear_product(shape, bias):
+@pytest.mark.parametrize("pack", [True, False])
+def test_every_row_count_gives_the_linear_product(shape, bias, pack):
     torch.manual_seed(0)
     layer = torch.nn.Linear(shape[1], shape[0], bias=bias)
-    use_cpu_linears(layer)
-    assert type(layer) is CpuLinear
-    for rows in range(1, 7):
+    use_cpu_linears(layer, pack=pack)
+    assert type(layer) is CpuLinear and (layer.packed is not None) == pack
+    for rows in (1, 2, 3, 4, 5, 6, 9):
         x = torch.randn(1, rows, shape[1])
         got = layer(x)
         assert got.shape == (1, rows, shape[0]) and got.is_contiguous()
         torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias), rtol=1e-4, atol=1e-4)
+
+
+def test_a_model_is_packed_only_when_the_copy_fits_in_memory(monkeypatch):
+    assert cpu_linear.available_memory() > 0  # Linux: /proc/meminfo
+    monkeypatch.setattr(cpu_linear, "available_memory", lambda: 0)
+    model = tiny_model()
+    use_cpu_linears(model)
+    assert all(m.packed is None for m in model.modules() if isinstance(m, CpuLinear))
+    monkeypatch.setattr(cpu_linear, "available_memory", lambda: 1 << 40)
+    model = tiny_model()
+    use_cpu_linears(model)
+    assert all(m.packed is not None for m in model.modules() if isinstance(m, CpuLinear))
 
 
 def test_tied_weights_stay_tied_and_other_dtypes_are_left_alone():
@@ -40,9 +53,7 @@ def test_tied_weights_stay_tied_and_other_dtypes_are_left_alone():
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_random_trees_stay_lossless_through_the_cpu_kernels(kind, monkeypatch):
-    monkeypatch.setattr(cpu_linear, "LARGE", 0)  # tiny weights: send them down the narrow path too
-    monkeypatch.setattr(cpu_linear, "HUGE", 0)
+def test_random_trees_stay_lossless_through_the_cpu_kernels(kind):
     for seed in range(3):
         model = tiny_model(kind, seed=seed)
         cpu_kernels(model)

@@ -43,12 +43,14 @@ class LatencyModel:
             return ys[-1] + slope * (n - xs[-1])
         return float(np.interp(n, xs, ys))
 
-    def best_count(self, fixed: int, fixed_gain: float, scores: list[float]) -> int:
-        """How many of ``scores`` (best first) to verify on top of ``fixed`` nodes: max expected tokens/second."""
-        best_k, best_rate, gain = 0, (1.0 + fixed_gain) / self(fixed + 1), 1.0 + fixed_gain
+    def best_count(self, fixed: int, fixed_gain: float, scores: list[float], overhead: float = 0.0) -> int:
+        """How many of ``scores`` (best first) to verify on top of ``fixed`` nodes: max expected tokens/second.
+        ``overhead``: what the step costs besides the forward, in the curve's unit (the drafting already done)."""
+        best_k, gain = 0, 1.0 + fixed_gain
+        best_rate = gain / (overhead + self(fixed + 1))
         for k, score in enumerate(scores, start=1):
             gain += score
-            rate = gain / self(fixed + k + 1)
+            rate = gain / (overhead + self(fixed + k + 1))
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k

@@ -194,8 +194,8 @@ def cap(latency: LatencyModel) -> int:
 class AutoBudget:
     """A proposer whose every tree is cut to the size with the best expected accepted tokens per second."""
 
-    def __init__(self, inner, latency: LatencyModel) -> None:
-        self.inner, self.latency = inner, latency
+    def __init__(self, inner, latency: LatencyModel, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.inner, self.latency, self.clock = inner, latency, clock
         self.wants_hidden = getattr(inner, "wants_hidden", False)
         self.chosen: list[int] = []  # tree nodes kept per step, across every generation
 
@@ -203,9 +203,11 @@ class AutoBudget:
         self.inner.start(prompt, prefill)
 
     def propose(self, context, stats):
+        t0 = self.clock()
         tree = self.inner.propose(context, stats)
+        spent = self.clock() - t0  # seconds, as the measured curve: the step's time, so each node costs less of it
         scores = [tree.nodes[i].score for i in tree.ranked()]
-        keep = self.latency.best_count(0, 0.0, scores)
+        keep = self.latency.best_count(0, 0.0, scores, overhead=spent)
         self.chosen.append(keep)
         budgets = getattr(stats, "budgets", None)
         if budgets is not None:

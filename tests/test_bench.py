@@ -286,6 +286,18 @@ def test_auto_budget_keeps_the_best_rate_prefix_and_reports_it():
         assert stats.budgets == [3]
 
 
+def test_auto_budget_counts_the_drafting_already_spent():
+    """A step that already spent a second drafting gains more from a wider tree: keep more nodes."""
+    latency = LatencyModel({1: 0.4, 2: 0.5, 4: 0.8, 8: 1.6, 16: 3.2})
+    inner = _Inner([0.9, 0.8, 0.6, 0.4, 0.3, 0.2, 0.1])
+    ticks = iter([0.0, 0.0])
+    free = profile.AutoBudget(inner, latency, clock=lambda: next(ticks))
+    ticks_slow = iter([0.0, 1.0])
+    slow = profile.AutoBudget(inner, latency, clock=lambda: next(ticks_slow))
+    assert len(free.propose([1], Stats())) < len(slow.propose([1], Stats()))
+    assert slow.chosen == [latency.best_count(0, 0.0, inner.scores, overhead=1.0)]
+
+
 def test_auto_budget_follows_the_cost_curve():
     inner = _Inner([0.9] * 20)
     flat = profile.AutoBudget(inner, LatencyModel({1: 1.0, 32: 1.01}))  # a GPU: width is nearly free

@@ -394,23 +394,18 @@ def runs_files(out_dir: Path, shard: tuple[int, int] | None = None) -> list[Path
 
 
 def read_runs(paths: Path | Sequence[Path], fingerprints: dict[str, str]) -> dict[tuple[str, str], dict]:
-    """Records of earlier runs whose method fingerprint still matches (what --resume keeps)."""
+    """Records of earlier runs whose method fingerprint still matches (what --resume keeps); a later line or file
+    replaces an earlier record of the same (question, method)."""
     done: dict[tuple[str, str], dict] = {}
     for path in [paths] if isinstance(paths, Path) else paths:
-        if path.is_file():
-            done.update(_read_records(path, fingerprints))
-    return done
-
-
-def _read_records(path: Path, fingerprints: dict[str, str]) -> dict[tuple[str, str], dict]:
-    done: dict[tuple[str, str], dict] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by an interruption
-        if isinstance(record, dict) and fingerprints.get(record.get("method")) == record.get("fingerprint"):
-            done[record_key(record)] = record
+        lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by an interruption
+            if isinstance(record, dict) and fingerprints.get(record.get("method")) == record.get("fingerprint"):
+                done[record_key(record)] = record
     return done
 
 
@@ -1030,10 +1025,10 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     else:
         write_results(out_dir / "results.json", results)
         write_answers(out_dir, records, names, questions, model_id)
-    if opts.plots and summary.get("overall") and not opts.shard:
-        from graft_cli import plots
+        if opts.plots and summary.get("overall"):
+            from graft_cli import plots
 
-        plots.write_all(out_dir, results)
+            plots.write_all(out_dir, results)
     n_questions = summary.get("overall", {}).get("ar", {}).get("questions", 0)
     title = f"{model_id} on {opts.dataset}: {n_questions} questions, {opts.max_new_tokens} new tokens, {device}"
     console.print(table(summary, names, title))

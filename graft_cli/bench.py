@@ -155,17 +155,35 @@ class MethodSpec:
     method: str  # ar, pld, ... or hf, hf-pld, hf-assisted
     kind: str  # "engine" or "peer"
     budget: Any = None  # int, "auto" or None (the device default)
+    opts: dict[str, str] = field(default_factory=dict)  # a variant's own MethodConfig settings (--variant)
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "method": self.method, "kind": self.kind, "budget": self.budget}
+        spec = {"name": self.name, "method": self.method, "kind": self.kind, "budget": self.budget}
+        return spec | ({"opts": self.opts} if self.opts else {})
 
 
-def plan_methods(names: Sequence[str], engine_methods: Sequence[str], budgets: Sequence[Any]) -> list[MethodSpec]:
+@dataclass(frozen=True)
+class Variant:
+    """A named engine method with settings of its own (``--variant deep=graft depth=14``), so that one run
+    compares, say, dense at its best depth with graft at its own."""
+
+    method: str
+    opts: dict[str, str]
+
+
+def plan_methods(names: Sequence[str], engine_methods: Sequence[str], budgets: Sequence[Any],
+                 variants: dict[str, Variant] | None = None) -> list[MethodSpec]:
     """The benchmark's columns: ``ar`` first (always: it is the baseline), then the asked methods, engine
-    methods once per budget when several budgets are given (named ``method@budget``)."""
-    unknown = [n for n in names if n not in engine_methods and n not in PEERS]
+    methods and variants once per budget when several budgets are given (named ``method@budget``)."""
+    variants = variants or {}
+    for name, variant in variants.items():
+        if name in engine_methods or name in PEERS:
+            raise GraftError(f"--variant {name}: the name of a method; call the variant something else")
+        if variant.method not in engine_methods or variant.method == "ar":
+            raise GraftError(f"--variant {name}: '{variant.method}' is not an engine method other than ar")
+    unknown = [n for n in names if n not in engine_methods and n not in PEERS and n not in variants]
     if unknown:
-        choices = ", ".join([*engine_methods, *PEERS])
+        choices = ", ".join([*engine_methods, *PEERS, *variants])
         raise GraftError(f"unknown method {', '.join(unknown)} (choose from {choices}, or all)")
     names = ["ar", *[n for n in dict.fromkeys(names) if n != "ar"]]
     budgets = list(budgets) or [None]
@@ -176,8 +194,10 @@ def plan_methods(names: Sequence[str], engine_methods: Sequence[str], budgets: S
         elif n == "ar":
             specs.append(MethodSpec("ar", "ar", "engine"))
         else:
+            variant = variants.get(n, Variant(n, {}))
             for b in budgets:
-                specs.append(MethodSpec(n if len(budgets) == 1 else f"{n}@{b}", n, "engine", b))
+                specs.append(MethodSpec(n if len(budgets) == 1 else f"{n}@{b}", variant.method, "engine", b,
+                                        dict(variant.opts)))
     return specs
 
 
@@ -680,6 +700,7 @@ class BenchOptions:
     budgets: list[Any] = field(default_factory=list)  # ints and/or "auto"; empty: the device default
     options: dict[str, str] = field(default_factory=dict)  # retriever options (datastore=...)
     method_opts: dict[str, str] = field(default_factory=dict)  # other MethodConfig fields, e.g. depth=4, chain=true
+    variants: dict[str, Variant] = field(default_factory=dict)  # named methods with settings of their own
     device: str = "auto"
     dtype: str = "auto"
     out: Path = Path("bench-results")
@@ -720,7 +741,8 @@ def _expand_methods(names: Sequence[str], engine_methods: Sequence[str], draft: 
 
 def method_config(spec: MethodSpec, options: dict, draft: str | None, method_opts: dict | None = None):
     """The MethodConfig of an engine method: its budget, the retriever options, ``--draft`` where the method takes
-    one, and any other MethodConfig field given as text (``--method-opt depth=4``), converted to the field's type."""
+    one, and any other MethodConfig field given as text (``--method-opt depth=4``, then the variant's own),
+    converted to the field's type."""
     import dataclasses
     import typing
 
@@ -732,7 +754,7 @@ def method_config(spec: MethodSpec, options: dict, draft: str | None, method_opt
         return config
     hints = typing.get_type_hints(methods.MethodConfig)
     fields = {f.name for f in dataclasses.fields(methods.MethodConfig)} - {"method", "budget", "options", "draft"}
-    for key, text in (method_opts or {}).items():
+    for key, text in ((method_opts or {}) | spec.opts).items():
         if key not in fields:
             raise GraftError(f"--method-opt {key}: not a method setting (choose from {', '.join(sorted(fields))})")
         setattr(config, key, _convert(text, hints.get(key), key))
@@ -873,7 +895,7 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         if not questions:
             raise GraftError(f"--shard {opts.shard[0]}/{opts.shard[1]}: no questions in this shard")
     names, explicit = _expand_methods(opts.methods, methods.METHODS, opts.draft)
-    specs = plan_methods(names, methods.METHODS, opts.budgets)
+    specs = plan_methods(names, methods.METHODS, opts.budgets, opts.variants)
     if any(s.method == "hf-assisted" for s in specs) and not opts.draft:
         raise GraftError("hf-assisted needs a draft model: give --draft MODEL")
 
@@ -992,6 +1014,7 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         "default_budget": methods.default_budget(device),
         "options": opts.options,
         "method_opts": opts.method_opts,
+        "variants": {name: {"method": v.method, **v.opts} for name, v in opts.variants.items()},
         "dtype": dtype,
         "sampling": "greedy",
         "warmup": opts.warmup,

@@ -27,6 +27,7 @@ def bench(
     datastore: Optional[str] = typer.Option(None, "--datastore", help="Datastore name or path for store retrievers (rest)."),
     retriever_opt: list[str] = typer.Option([], "--retriever-opt", help="KEY=VALUE option for retrievers (repeatable)."),
     method_opt: list[str] = typer.Option([], "--method-opt", help="FIELD=VALUE for every engine method but ar: any MethodConfig setting, e.g. depth=4, chain=true, prune_at=... (repeatable)."),
+    variant: list[str] = typer.Option([], "--variant", help="'NAME=METHOD FIELD=VALUE ...': an engine method with settings of its own, run as NAME when --methods lists it, e.g. 'deep=graft depth=14 prune_at=floor:0.3' (repeatable)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice)."),
@@ -60,6 +61,7 @@ def bench(
         budgets=list(dict.fromkeys(budget_list)),
         options=_options(retriever_opt, datastore),
         method_opts=_pairs(method_opt, "--method-opt"),
+        variants=dict(_variant(text) for text in variant),
         device=device,
         dtype=dtype,
         out=out,
@@ -87,6 +89,17 @@ def _pairs(pairs: list[str], flag: str) -> dict[str, str]:
             raise GraftError(f"{flag} expects FIELD=VALUE, got '{pair}'")
         out[key.strip().replace("-", "_")] = value.strip()
     return out
+
+
+def _variant(text: str) -> tuple[str, Variant]:
+    """``NAME=METHOD FIELD=VALUE ...`` -> (NAME, Variant)."""
+    from graft_cli.bench import Variant
+
+    head, *fields = text.split() or [""]
+    name, sep, method = head.partition("=")
+    if not sep or not name.strip() or not method.strip():
+        raise GraftError(f"--variant expects 'NAME=METHOD FIELD=VALUE ...', got '{text}'")
+    return name.strip(), Variant(method.strip(), _pairs(fields, f"--variant {name.strip()}"))
 
 
 def _shard(text: str | None) -> tuple[int, int] | None:

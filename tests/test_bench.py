@@ -547,3 +547,27 @@ def test_generate_budget_auto_reports_the_chosen_budget(tiny_dir, tmp_path, caps
     assert len(list((tmp_path / "profiles").glob("*.json"))) == 1
     code, _, err = run_cli([*argv[:-2], "--budget", "many", "--prompt", "x"], capsys)
     assert code == 2 and "--budget must be 'auto'" in err
+
+
+def test_variants_run_as_named_methods_with_their_own_settings():
+    variants = {"deep": bench.Variant("graft", {"depth": "14"})}
+    specs = bench.plan_methods(["dense", "deep"], ["ar", "dense", "graft"], [16, "auto"], variants)
+    assert [s.name for s in specs] == ["ar", "dense@16", "dense@auto", "deep@16", "deep@auto"]
+    assert specs[3].method == "graft" and specs[3].as_dict()["opts"] == {"depth": "14"}
+    assert "opts" not in specs[1].as_dict()  # fingerprints of plain methods stay as they were
+    config = bench.method_config(specs[3], {}, "draft", {"depth": "6", "draft_top_k": "3"})
+    assert (config.method, config.depth, config.draft_top_k) == ("graft", 14, 3)  # the variant wins over --method-opt
+    with pytest.raises(GraftError, match="name of a method"):
+        bench.plan_methods(["graft"], ["ar", "graft"], [], {"graft": bench.Variant("graft", {})})
+    with pytest.raises(GraftError, match="not an engine method"):
+        bench.plan_methods(["x"], ["ar", "graft"], [], {"x": bench.Variant("hf", {})})
+
+
+def test_variant_flag_is_parsed_and_bad_ones_are_one_line_errors():
+    from graft_cli.cli_bench import _variant
+
+    assert _variant("deep=graft depth=14 prune_at=0:0.5,floor:0.3") == (
+        "deep", bench.Variant("graft", {"depth": "14", "prune_at": "0:0.5,floor:0.3"}))
+    for bad in ["", "deep", "=graft", "deep=graft depth"]:
+        with pytest.raises(GraftError):
+            _variant(bad)

@@ -1,0 +1,129 @@
+"""Replay the greedy outputs of a ``graft bench`` run through any method, without the target model: its τ, draft
+forwards per step and decoding speedup over ``ar``, the verification costed by the target's latency profile.
+
+Greedy decoding is deterministic and every method is lossless, so ``ar``'s tokens are what every method outputs,
+and a proposer's trees depend only on the context: at each step the tree is walked along those tokens (the
+accepted path, then the next token as the bonus), the proposer observes the step, and the step costs the
+proposer's measured time (drafting included) plus the profile's verification latency for the tree. Comparing
+drafting policies this way needs only the draft model's forwards, and the verification costs no noise.
+
+    python benchmarks/replay.py docs/bench/qwen-grid/runs.0-of-2.jsonl --dataset docs/bench/qwen-grid/prompts.jsonl \\
+        --model qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --limit 4 \\
+        --method 'dense=dense budget=16' --method 'graft=graft budget=16 prune_at=0:0.5,2:0.4,floor:0.3'
+    python benchmarks/replay.py docs/bench/pld/runs.jsonl --categories summarization,rag --method 'pld=pld budget=16' \
+        --curve 1:1,2:1.21,4:1.39,8:1.67,16:2.13
+
+Each ``--method`` is ``NAME=METHOD FIELD=VALUE ...`` as in ``graft bench --variant``, plus ``budget=N|auto``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from time import perf_counter
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from graft_cli.bench import MethodSpec, load_questions, method_config, resolve_dataset  # noqa: E402
+from graft_cli.budget import LatencyModel  # noqa: E402
+from graft_cli.cli_bench import _variant  # noqa: E402
+from graft_cli.loading import encode, load_model  # noqa: E402
+from graft_cli.methods import build  # noqa: E402
+from graft_cli.profile import latency_model, parse_budget  # noqa: E402
+from graft_cli.stats import Stats  # noqa: E402
+from graft_cli.tree import ROOT as TREE_ROOT  # noqa: E402
+from graft_cli.tree import Tree  # noqa: E402
+from plugins.base import Step  # noqa: E402
+
+
+def replay(proposer, prompt: list[int], output: list[int], verify_s) -> dict:
+    """Decode ``output`` after ``prompt`` with ``proposer``: seconds proposing, seconds verifying (from
+    ``verify_s(fed tokens)``), steps and draft forwards."""
+    context = [*prompt, output[0]]  # the prefill gives the first token
+    proposer.start(prompt, Step(context, [output[0]], Tree(), list(range(len(prompt)))))
+    stats = Stats()
+    done, propose, verify, steps = 1, 0.0, 0.0, 0
+    while done < len(output):
+        t0 = perf_counter()
+        tree = proposer.propose(context, stats)
+        propose += perf_counter() - t0
+        node, path = TREE_ROOT, []
+        while done + len(path) < len(output):
+            child = tree.child(node, output[done + len(path)])
+            if child is None:
+                break
+            path.append(child)
+            node = child
+        new = output[done : done + len(path) + 1]
+        verify += verify_s(len(tree) + 1)
+        steps += 1
+        done += len(new)
+        context = context + new
+        proposer.observe(Step(context, new, tree, [0] + [i + 1 for i in path]))
+    return {"tokens": len(output) - 1, "propose": propose, "verify": verify, "steps": steps,
+            "draft_forwards": stats.draft_forwards}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", type=Path, nargs="+", help="runs*.jsonl of a graft bench run that includes ar")
+    ap.add_argument("--method", action="append", required=True, metavar="'NAME=METHOD FIELD=VALUE ...'")
+    ap.add_argument("--dataset", default="spec-bench")
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="the run's target: tokenizer and latency profile")
+    ap.add_argument("--draft", default=None)
+    ap.add_argument("--categories", default=None)
+    ap.add_argument("--limit", type=int, default=None, help="first N questions of each category")
+    ap.add_argument("--curve", default=None, help="N:COST,...: verification cost in one-token forwards instead of "
+                    "the target's measured profile")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    loaded = load_model(args.model, "cpu", "float32")
+    latency = latency_model(loaded)
+    if args.curve:
+        one = latency(1)
+        latency = LatencyModel({int(n): float(c) * one for n, c in (p.split(":") for p in args.curve.split(","))})
+    wanted = args.categories.split(",") if args.categories else None
+    questions = {json.dumps(q.question_id): q
+                 for q in load_questions(resolve_dataset(args.dataset), wanted, args.limit)}
+    proposers = {}
+    for text in args.method:
+        name, variant = _variant(text)
+        opts = dict(variant.opts)
+        spec = MethodSpec(name, variant.method, "engine", parse_budget(opts.pop("budget", None)), opts)
+        proposers[name] = build(method_config(spec, {}, args.draft), loaded)
+
+    totals: dict[tuple[str, str], dict] = defaultdict(lambda: defaultdict(float))
+    for path in args.runs:
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            question = questions.get(json.dumps(record["question_id"]))
+            if record["method"] != "ar" or question is None:
+                continue
+            messages = []
+            for text, turn in zip(question.turns, record["turns"]):
+                messages.append({"role": "user", "content": text})
+                prompt = encode(loaded.tokenizer, messages)
+                if len(prompt) != turn["prompt_tokens"]:
+                    raise SystemExit(f"question {record['question_id']}: the prompt does not match the run's")
+                for name, proposer in proposers.items():  # one proposer per method for the run, as in the bench
+                    for key, value in replay(proposer, prompt, turn["tokens"], latency).items():
+                        totals[record["category"], name][key] += value
+                messages.append({"role": "assistant", "content": turn["text"]})
+    one = latency(1)
+    print("category | method | decoding speedup over ar | tau | draft forwards/step | propose s/step | verify s/step")
+    for (category, name), t in sorted(totals.items()):
+        print(f"{category} | {name} | {t['tokens'] * one / (t['propose'] + t['verify']):.3f} | "
+              f"{t['tokens'] / t['steps']:.2f} | {t['draft_forwards'] / t['steps']:.2f} | "
+              f"{t['propose'] / t['steps']:.3f} | {t['verify'] / t['steps']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -80,7 +80,7 @@ def main() -> None:
     ap.add_argument("--categories", default=None)
     ap.add_argument("--limit", type=int, default=None, help="first N questions of each category")
     ap.add_argument("--curve", default=None, help="N:COST,...: verification cost in one-token forwards instead of "
-                    "the target's measured profile")
+                    "the target's measured profile (the proposers choose their trees by it too)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -99,6 +99,8 @@ def main() -> None:
         opts = dict(variant.opts)
         spec = MethodSpec(name, variant.method, "engine", parse_budget(opts.pop("budget", None)), opts)
         proposers[name] = build(method_config(spec, {}, args.draft), loaded)
+        if args.curve and hasattr(proposers[name], "latency"):  # it chooses its retrieved nodes by the same curve
+            proposers[name].latency = latency
 
     totals: dict[tuple[str, str], dict] = defaultdict(lambda: defaultdict(float))
     for path in args.runs:

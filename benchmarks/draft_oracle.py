@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -30,8 +29,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.replay import ar_turns  # noqa: E402
 from graft_cli.bench import load_questions, resolve_dataset  # noqa: E402
-from graft_cli.loading import encode, load_model  # noqa: E402
+from graft_cli.loading import load_model  # noqa: E402
 from graft_cli.profile import latency_model  # noqa: E402
 
 
@@ -85,16 +85,8 @@ def main() -> None:
     one = latency(1)
     draft_cost = args.draft_cost or latency_model(draft)(2) / one  # a chain's draft forward feeds 1-2 rows
     questions = {json.dumps(q.question_id): q for q in load_questions(resolve_dataset(args.dataset))}
-    seqs = []
-    for path in args.runs:
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            question = questions.get(json.dumps(record["question_id"]))
-            if record["method"] != "ar" or question is None:
-                continue
-            turn = record["turns"][0]
-            prompt = encode(target.tokenizer, [{"role": "user", "content": question.turns[0]}])
-            seqs.append(draft_view(draft.model, prompt, turn["tokens"]))
+    seqs = [draft_view(draft.model, prompt, turn["tokens"])
+            for _, prompt, turn in ar_turns(args.runs, questions, target.tokenizer)]
 
     def verify(n: int) -> float:
         return latency(n) / one

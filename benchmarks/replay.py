@@ -24,6 +24,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 from time import perf_counter
+from typing import Iterator
 
 import torch
 
@@ -70,6 +71,25 @@ def replay(proposer, prompt: list[int], output: list[int], verify_s) -> dict:
             "draft_forwards": stats.draft_forwards}
 
 
+def ar_turns(paths: list[Path], questions: dict, tokenizer) -> Iterator[tuple[dict, list[int], dict]]:
+    """(record, prompt ids, turn) for every turn of the ``ar`` runs in ``paths`` whose question is in
+    ``questions`` (keyed by JSON id), the prompt rebuilt as the bench built it (earlier turns and answers included)."""
+    for path in paths:
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            question = questions.get(json.dumps(record["question_id"]))
+            if record["method"] != "ar" or question is None:
+                continue
+            messages = []
+            for text, turn in zip(question.turns, record["turns"]):
+                messages.append({"role": "user", "content": text})
+                prompt = encode(tokenizer, messages)
+                if len(prompt) != turn["prompt_tokens"]:
+                    raise SystemExit(f"question {record['question_id']}: the prompt does not match the run's")
+                yield record, prompt, turn
+                messages.append({"role": "assistant", "content": turn["text"]})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", type=Path, nargs="+", help="runs*.jsonl of a graft bench run that includes ar")
@@ -103,22 +123,10 @@ def main() -> None:
             proposers[name].latency = latency
 
     totals: dict[tuple[str, str], dict] = defaultdict(lambda: defaultdict(float))
-    for path in args.runs:
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            question = questions.get(json.dumps(record["question_id"]))
-            if record["method"] != "ar" or question is None:
-                continue
-            messages = []
-            for text, turn in zip(question.turns, record["turns"]):
-                messages.append({"role": "user", "content": text})
-                prompt = encode(loaded.tokenizer, messages)
-                if len(prompt) != turn["prompt_tokens"]:
-                    raise SystemExit(f"question {record['question_id']}: the prompt does not match the run's")
-                for name, proposer in proposers.items():  # one proposer per method for the run, as in the bench
-                    for key, value in replay(proposer, prompt, turn["tokens"], latency).items():
-                        totals[record["category"], name][key] += value
-                messages.append({"role": "assistant", "content": turn["text"]})
+    for record, prompt, turn in ar_turns(args.runs, questions, loaded.tokenizer):
+        for name, proposer in proposers.items():  # one proposer per method for the run, as in the bench
+            for key, value in replay(proposer, prompt, turn["tokens"], latency).items():
+                totals[record["category"], name][key] += value
     one = latency(1)
     print("category | method | decoding speedup over ar | tau | draft forwards/step | propose s/step | verify s/step")
     for (category, name), t in sorted(totals.items()):

@@ -54,12 +54,11 @@ def replay(seqs, stop, depth: int, draft_cost: float, verify) -> tuple[float, fl
             cum, matching = 1.0, True
             while length < depth and done + length < n:
                 fed += 1  # the forward that proposes the next token
-                p = prob[done + length]
-                if stop(length, cum * p, p, matching and right[done + length]):
+                p, ok = prob[done + length], matching and right[done + length]
+                if stop(length, cum * p, p, ok):
                     break
-                cum *= p
-                matching = matching and right[done + length]
-                accepted += matching
+                cum, matching = cum * p, ok
+                accepted += ok
                 length += 1
             new = min(accepted + 1, n - done)
             cost += fed * draft_cost + verify(length + 1)

@@ -107,8 +107,8 @@ def main() -> None:
 
     loaded = load_model(args.model, "cpu", "float32")
     latency = latency_model(loaded)
+    one = latency(1)  # the unit of the speedup, and of --curve
     if args.curve:
-        one = latency(1)
         latency = LatencyModel({int(n): float(c) * one for n, c in (p.split(":") for p in args.curve.split(","))})
     wanted = args.categories.split(",") if args.categories else None
     questions = {json.dumps(q.question_id): q
@@ -127,7 +127,6 @@ def main() -> None:
         for name, proposer in proposers.items():  # one proposer per method for the run, as in the bench
             for key, value in replay(proposer, prompt, turn["tokens"], latency).items():
                 totals[record["category"], name][key] += value
-    one = latency(1)
     print("category | method | decoding speedup over ar | tau | draft forwards/step | propose s/step | verify s/step")
     for (category, name), t in sorted(totals.items()):
         print(f"{category} | {name} | {t['tokens'] * one / (t['propose'] + t['verify']):.3f} | "

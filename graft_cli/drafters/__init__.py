@@ -6,6 +6,11 @@ end the best nodes of the pool by cumulative probability form the draft tree, wh
 path's probability never rises along it. A node's score is ``exp(cumulative log-prob)``: the drafter's estimate
 that the target accepts the whole path, comparable with a retriever's.
 
+The pool, the frontier and the tree masks are tensors on the drafter's device, so a draft costs the host a few
+kernel launches per level, not Python per node. The host reads the device once at the end (the selected nodes
+and the fed rows, in one transfer), plus once at each level where a stop decision is really open: a pruning
+checkpoint, the expansion floor, or a pool big enough that it may already be settled.
+
 The subclasses only say how to run one forward (:meth:`TreeDrafter._root` for the context, :meth:`_grow` for a
 level of the tree); the expansion, the pruning checkpoints, the chain mode and the bookkeeping of which tree
 rows sit in the drafter's KV cache live here.
@@ -27,6 +32,39 @@ from plugins.base import Step
 SOURCE = "draft"
 
 
+class Pool:
+    """Every candidate of one draft, on the device, one block per level in the order the old per-node pool
+    added them (so a pool index is a Tree index: parents precede children, ties rank the earlier node first)."""
+
+    def __init__(self) -> None:
+        self.blocks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (tokens, parents, cum log-probs)
+        self.size = 0
+        self.earlier = 0  # nodes in every block but the newest
+
+    def add(self, tokens: torch.Tensor, parents: torch.Tensor, cum: torch.Tensor) -> int:
+        """Append one level's candidates; return the pool index of the first."""
+        base = self.size
+        self.blocks.append((tokens, parents, cum))
+        self.earlier, self.size = base, base + tokens.shape[0]
+        return base
+
+    def arrays(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return tuple(torch.cat(column) for column in zip(*self.blocks))  # type: ignore[return-value]
+
+    def settled(self, keep: int, best: torch.Tensor) -> torch.Tensor:
+        """Whether ``keep`` nodes already outscore ``best`` (a deeper node's bound), as a device bool."""
+        scores = torch.cat([cum for _, _, cum in self.blocks]).double().exp()  # the scores Tree nodes would hold
+        return torch.topk(scores, keep).values[-1] > best.double().exp()
+
+    def select(self, cum: torch.Tensor, keep: int) -> torch.Tensor:
+        """Pool indices of the best ``keep`` nodes by ``cum`` (the pool's), ascending: Tree.select's choice,
+        ties to the earlier (never deeper) node."""
+        if keep >= self.size:
+            return torch.arange(self.size, device=cum.device)
+        order = torch.sort(cum.double().exp(), descending=True, stable=True).indices[: max(keep, 0)]
+        return order.sort().values
+
+
 class TreeDrafter:
     """EAGLE-2 expansion with optional dynamic-depth pruning; ``chain=True`` drafts one path (top_k = 1)."""
 
@@ -36,11 +74,13 @@ class TreeDrafter:
         if depth < 1 or top_k < 1:
             raise ValueError("a drafter needs depth >= 1 and top_k >= 1")
         self.depth, self.top_k, self.prune, self.chain = depth, (1 if chain else top_k), prune, chain
-        self.pool = Tree()  # every candidate of the last draft
         self.fed: dict[int, int] = {}  # pool node -> its row in the tree block of the drafter's cache
         self.tree_rows = 0  # rows of the last draft's tree block still in the drafter's cache
         self.stopped_at: Checkpoint | None = None  # the checkpoint that stopped the last draft
         self.levels = 0  # levels the last draft grew
+        self._candidates: Pool | None = None  # the last draft's pool, on the device
+        self._pool: Tree | None = None  # ... as a Tree, read back only when asked for
+        self._fed_children: dict[tuple[int, int], int] = {}  # (parent, token) -> fed pool node
 
     # --- what subclasses provide ----------------------------------------------------------------------------
     def _root(self, context: Sequence[int]) -> tuple[torch.Tensor, Any]:
@@ -64,7 +104,8 @@ class TreeDrafter:
 
     # --- the protocol -------------------------------------------------------------------------------------------
     def start(self, prompt: Sequence[int], prefill: Step) -> None:
-        self.pool, self.fed, self.tree_rows = Tree(), {}, 0
+        self._forget()
+        self.tree_rows = 0
 
     def observe(self, step: Step) -> None:
         self._drop_tree(self._accepted_rows(step.accepted[:-1]))
@@ -72,89 +113,127 @@ class TreeDrafter:
     def close(self) -> None:
         pass
 
+    @property
+    def pool(self) -> Tree:
+        """Every candidate of the last draft (node i is pool index i); read from the device on first use."""
+        if self._pool is None:
+            self._pool = Tree()
+            if self._candidates is not None and self._candidates.size:
+                tokens, parents, cum = (column.tolist() for column in self._candidates.arrays())
+                for token, parent, logp in zip(tokens, parents, cum):
+                    self._pool.add(parent, token, SOURCE, _prob(logp))
+        return self._pool
+
     @torch.inference_mode()
     def draft(self, context: Sequence[int], budget: int, stats: Stats) -> Tree:
         clock = perf_counter()
         if self.tree_rows:  # observe() was not called after the last draft
             self._drop_tree([])
-        pool, fed = Tree(), {}
-        self.pool, self.fed, self.stopped_at, self.levels = pool, fed, None, 0
+        self._forget()
+        self.stopped_at, self.levels = None, 0
         if budget <= 0:
-            return pool
-        logp, state = self._root(context)
+            return Tree()
+        logp, state_rows = self._root(context)
         stats.draft_forwards += 1
-        k = self.top_k
-        values, ids = torch.topk(logp.float(), min(k, logp.shape[-1]))
-        tokens = self._to_target(ids).tolist()
-        cum = values.tolist()
-        frontier = [pool.add(ROOT, t, SOURCE, _prob(c)) for t, c in zip(tokens, cum)]
-        frontier_cum = cum
-        parent_state = [0] * len(frontier)  # the row of state_rows whose output each frontier node is fed with
-        state_rows = state
+        device, k = logp.device, self.top_k
+        cum, ids = torch.topk(logp.float(), min(k, logp.shape[-1]))  # the frontier's cumulative log-probs, best first
+        width = cum.shape[0]
+        tokens = self._to_target(ids)
+        pool = self._candidates = Pool()
+        frontier = torch.arange(width, device=device)  # pool indices of the frontier
+        pool.add(tokens, torch.full((width,), ROOT, device=device), cum)
+        parent_state = torch.zeros(width, dtype=torch.long, device=device)  # row of state_rows each is fed with
+        parent_rows = torch.full((width,), -1, device=device)  # tree row of each one's parent (-1: the root)
+        # row r: the tree rows that the node fed at row r sees (its ancestors and itself); the extra last row,
+        # index -1, stays empty: the root's, so the root's children look it up like every other node
+        rows_max = (self.depth - 1) * k
+        ancestors = torch.zeros((rows_max + 1, rows_max), dtype=torch.bool, device=device)
+        fed: list[torch.Tensor] = []  # pool indices fed, level by level
+        frontier_cum: list[float] = []  # the host's copy of cum, at the levels that read it
+        settled = False
         self.levels = 1
         keep = budget
         while True:
             level = self.levels - 1
-            if self.chain:  # keep the confident prefix: the newest node goes when the chain is no longer sure
-                threshold = self.prune.chain_threshold(level) if self.prune is not None else 0.0
-                if _prob(frontier_cum[0]) < threshold:
-                    keep = min(keep, len(pool) - 1)
-                    break
-            elif self.prune is not None:
-                point = self.prune.stops(level, max(frontier_cum))
-                if point is not None:
-                    self.stopped_at, keep = point, self.prune.keep(point, budget)
-                    break
-            if self.levels >= self.depth:
+            deeper = self.levels < self.depth
+            chain_threshold = self.prune.chain_threshold(level) if self.chain and self.prune is not None else 0.0
+            point = self.prune.at(level) if self.prune is not None and not self.chain else None
+            floor = self.prune.floor if deeper and self.prune is not None and not self.chain else 0.0
+            # only nodes of earlier levels can outscore the newest level's best, so a smaller pool cannot settle
+            may_settle = deeper and pool.earlier >= keep
+            if chain_threshold > 0 or point is not None or floor > 0 or may_settle:  # this level's one read
+                read = cum.double()
+                if may_settle:
+                    read = torch.cat([read, pool.settled(keep, cum[0]).double()[None]])
+                host = read.tolist()
+                frontier_cum, settled = host[:width], may_settle and host[-1] > 0
+            if chain_threshold > 0 and _prob(frontier_cum[0]) < chain_threshold:
+                keep = min(keep, pool.size - 1)  # keep the confident prefix: the newest node goes
                 break
-            if self.prune is not None and self.prune.floor > 0 and not self.chain:  # not worth a draft row
-                floor = math.log(self.prune.floor)
-                worth = [i for i, c in enumerate(frontier_cum) if c >= floor]
-                frontier = [frontier[i] for i in worth]
-                frontier_cum = [frontier_cum[i] for i in worth]
-                parent_state = [parent_state[i] for i in worth]
-            if not frontier:
+            if point is not None and self.prune.stops(level, max(frontier_cum)) is not None:
+                self.stopped_at, keep = point, self.prune.keep(point, budget)
                 break
-            if _settled(pool, keep, max(frontier_cum)):  # no deeper node could make the cut: stop for free
+            if not deeper:
                 break
-            # one batched forward for the whole frontier, each node seeing only its ancestors in the tree block
-            n = len(frontier)
-            mask = torch.zeros((n, self.tree_rows + n), dtype=torch.bool)
-            for i, node in enumerate(frontier):
-                parent = pool.nodes[node].parent
-                while parent != ROOT:
-                    mask[i, fed[parent]] = True
-                    parent = pool.nodes[parent].parent
-                mask[i, self.tree_rows + i] = True
-            token_ids = torch.tensor([pool.nodes[i].token for i in frontier])
-            logp, state_rows = self._grow(token_ids, _gather(state_rows, parent_state), self.levels, mask)
+            if floor > 0:  # not worth a draft row; the frontier is sorted, so the worthy nodes lead
+                width = sum(1 for c in frontier_cum if c >= math.log(floor))
+                frontier, cum, tokens = frontier[:width], cum[:width], tokens[:width]
+                parent_state, parent_rows = parent_state[:width], parent_rows[:width]
+            if not width:
+                break
+            if may_settle and settled:  # no deeper node could make the cut: stop for free
+                break
+            # one batched forward for the whole frontier, each node seeing its parent's rows and itself
+            start, end = self.tree_rows, self.tree_rows + width
+            mask = ancestors[parent_rows, :end]
+            mask[:, start:].fill_diagonal_(True)
+            ancestors[start:end, :end] = mask
+            logp, state_rows = self._grow(tokens, _gather(state_rows, parent_state), self.levels, mask)
             stats.draft_forwards += 1
-            for i, node in enumerate(frontier):
-                fed[node] = self.tree_rows + i
-            self.tree_rows += n
+            self.tree_rows = end
+            fed.append(frontier)
             self.levels += 1
             values, ids = torch.topk(logp.float(), min(k, logp.shape[-1]), dim=-1)  # [F, k]
-            children = self._to_target(ids).tolist()
-            total = torch.tensor(frontier_cum)[:, None] + values  # [F, k]
-            flat = total.flatten()
-            best = torch.topk(flat, min(k, flat.numel())).indices.tolist()
-            added = {}
-            for i, node in enumerate(frontier):
-                for j, token in enumerate(children[i]):
-                    added[i * k + j] = pool.add(node, token, SOURCE, _prob(float(total[i, j])))
-            totals = flat.tolist()
-            frontier = [added[b] for b in best]
-            frontier_cum = [totals[b] for b in best]
-            parent_state = [b // k for b in best]
+            children = self._to_target(ids).flatten()
+            total = (cum[:, None] + values).flatten()
+            base = pool.add(children, frontier.repeat_interleave(values.shape[1]), total)
+            cum, best = torch.topk(total, min(k, total.numel()))
+            parent_state = best // values.shape[1]
+            frontier, tokens, parent_rows, width = base + best, children[best], start + parent_state, best.shape[0]
+        tree = self._finish(pool, fed, keep)
         stats.times["draft"] += perf_counter() - clock
-        return pool.select(keep)
+        return tree
+
+    def _finish(self, pool: Pool, fed: list[torch.Tensor], keep: int) -> Tree:
+        """The selected tree, and the fed nodes' (pool index, parent, token): the draft's last read."""
+        tokens, parents, cum = pool.arrays()
+        chosen = pool.select(cum, keep)
+        up = parents[chosen]
+        inside = torch.searchsorted(chosen, up.clamp(min=0))  # a parent's place among the chosen (it always is)
+        fed_nodes = torch.cat(fed) if fed else chosen[:0]
+        columns = [tokens[chosen], torch.where(up < 0, up, inside), cum[chosen],
+                   fed_nodes, parents[fed_nodes], tokens[fed_nodes]]
+        read = torch.cat([column.double() for column in columns]).tolist()
+        n, m = chosen.shape[0], fed_nodes.shape[0]
+        tree, index = Tree(), []
+        for token, parent, logp in zip(read[:n], read[n : 2 * n], read[2 * n : 3 * n]):
+            index.append(tree.add(ROOT if parent < 0 else index[int(parent)], int(token), SOURCE, _prob(logp)))
+        nodes, ups, fed_tokens = read[3 * n : 3 * n + m], read[3 * n + m : 3 * n + 2 * m], read[3 * n + 2 * m :]
+        self.fed = {int(node): row for row, node in enumerate(nodes)}
+        self._fed_children = {(int(up), int(token)): int(node) for node, up, token in zip(nodes, ups, fed_tokens)}
+        return tree
+
+    def _forget(self) -> None:
+        self.fed, self._fed_children, self._candidates, self._pool = {}, {}, None, None
 
     def _accepted_rows(self, accepted: Sequence[int]) -> list[int]:
         """Tree-block rows of the accepted path's leading nodes that the drafter fed (their KV is exact)."""
-        rows = []
-        for node in self.pool.follow(accepted):
-            if node not in self.fed:
+        rows, node = [], ROOT
+        for token in accepted:
+            found = self._fed_children.get((node, int(token)))
+            if found is None:
                 break
+            node = found
             rows.append(self.fed[node])
         return rows
 
@@ -163,19 +242,8 @@ def _prob(logp: float) -> float:
     return math.exp(logp)
 
 
-def _settled(pool: Tree, keep: int, best_frontier: float) -> bool:
-    """Whether ``keep`` pool nodes already outscore every node a deeper level could bring."""
-    if len(pool) < keep:
-        return False
-    bound = _prob(best_frontier)
-    scores = sorted((n.score for n in pool.nodes), reverse=True)
-    return scores[keep - 1] > bound
-
-
-def _gather(rows: Any, index: list[int]) -> Any:
-    if rows is None:
-        return None
-    return rows[torch.tensor(index, device=rows.device)]
+def _gather(rows: Any, index: torch.Tensor) -> Any:
+    return None if rows is None else rows.index_select(0, index)
 
 
 def load_drafter(spec: str, target: Any, depth: int, top_k: int, prune: PruneSchedule | None, chain: bool,

@@ -47,7 +47,7 @@ def draft_vocab(tokenizer: Any, vocab_size: int, size: int) -> torch.Tensor | No
         return None
     special = set(getattr(tokenizer, "all_special_ids", []) or []) | set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
     ids = sorted(set(range(size)) | {i for i in special if 0 <= i < vocab_size})
-    return torch.tensor(ids, dtype=torch.long)
+    return torch.tensor(ids, dtype=torch.long)  # host: built once at load; DraftCache moves it to the model
 
 
 class DraftCache(Target):
@@ -108,16 +108,17 @@ class DraftModelDrafter(TreeDrafter):
 
     def _root(self, context: Sequence[int]) -> tuple[torch.Tensor, Any]:
         done = self.cache.length
-        pending = torch.tensor(list(context[done:]), dtype=torch.long)
-        if not len(pending):  # the root is already cached (cannot happen in the loop: the bonus token is new)
+        if done >= len(context):  # the root is already cached (cannot happen in the loop: the bonus token is new)
             raise RuntimeError("draft cache is ahead of the context")
-        positions = torch.arange(done, done + len(pending))
+        device = self.cache.device
+        pending = torch.tensor(list(context[done:]), dtype=torch.long, device=device)
+        positions = torch.arange(done, len(context), device=device)
         logits = self.cache.feed(pending, positions, None, 0, last_only=True)
         self.root_position = len(context) - 1
         return self._logp(logits[-1]), None
 
     def _grow(self, tokens: torch.Tensor, states: Any, depth: int, mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        positions = torch.full((tokens.shape[0],), self.root_position + depth, dtype=torch.long)
+        positions = torch.full((tokens.shape[0],), self.root_position + depth, dtype=torch.long, device=tokens.device)
         logits = self.cache.feed(tokens, positions, mask, self.tree_rows)
         return self._logp(logits), None
 

@@ -217,11 +217,11 @@ def load_head(path: str, target: torch.nn.Module, rope_theta: float | None = Non
         if tuple(d2t.shape) != (cfg.draft_vocab,) or d2t.dtype.is_floating_point:
             raise GraftError(f"{where}: 'd2t' must be {cfg.draft_vocab} integers, got {d2t.dtype} {list(d2t.shape)}")
     elif cfg.draft_vocab <= vocab:
-        d2t = torch.zeros(cfg.draft_vocab, dtype=torch.long)
+        d2t = torch.zeros(cfg.draft_vocab, dtype=torch.long)  # host: checked here, then moved to the model
     else:
         raise GraftError(f"{where}: missing tensor 'd2t' (the draft vocabulary is larger than the target's)")
     d2t = d2t.long()
-    mapped = torch.arange(cfg.draft_vocab) + d2t
+    mapped = torch.arange(cfg.draft_vocab) + d2t  # host: a load-time check, beside the CPU-loaded d2t
     if int(mapped.min()) < 0 or int(mapped.max()) >= min(vocab, cfg.vocab):
         raise GraftError(f"{where}: 'd2t' maps draft ids outside the target vocabulary of {min(vocab, cfg.vocab)}")
     keep = {name: weights[name].to(device, dtype) for name in expected_shapes(cfg, target_hidden)}
@@ -289,12 +289,12 @@ class Eagle3Drafter(TreeDrafter):
     def _root(self, context: Sequence[int]) -> tuple[torch.Tensor, Any]:
         head = self.head
         features = torch.cat(self.pending_features, dim=0)
-        tokens = torch.tensor(self.pending_tokens, dtype=torch.long)
-        n, past = tokens.shape[0], self.committed
+        n, past, device = len(self.pending_tokens), self.committed, head.device
         if n == 0:
             raise RuntimeError("nothing new for the EAGLE-3 head to read")
-        positions = torch.arange(past, past + n)
-        allowed = torch.ones((n, past + n), dtype=torch.bool).tril(diagonal=past)
+        tokens = torch.tensor(self.pending_tokens, dtype=torch.long, device=device)
+        positions = torch.arange(past, past + n, device=device)
+        allowed = torch.ones((n, past + n), dtype=torch.bool, device=device).tril(diagonal=past)
         out = head.forward(tokens, head.fuse(features), positions, allowed)
         self.committed += n
         self.pending_features, self.pending_tokens = [], []
@@ -303,8 +303,8 @@ class Eagle3Drafter(TreeDrafter):
 
     def _grow(self, tokens: torch.Tensor, states: Any, depth: int, mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
         n = tokens.shape[0]
-        positions = torch.full((n,), self.next_position + depth - 1, dtype=torch.long)
-        allowed = torch.cat([torch.ones((n, self.committed), dtype=torch.bool), mask], dim=1)
+        positions = torch.full((n,), self.next_position + depth - 1, dtype=torch.long, device=mask.device)
+        allowed = torch.cat([torch.ones((n, self.committed), dtype=torch.bool, device=mask.device), mask], dim=1)
         out = self.head.forward(tokens, states, positions, allowed)
         return self.head.logp(out), out
 

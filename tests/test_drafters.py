@@ -4,6 +4,7 @@ pair."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from graft_cli.sampling import Sampling
 from graft_cli.stats import Stats
 from graft_cli.target import Target
 from plugins.adjacency import AdjacencyRetriever
+from plugins.base import Step
 from plugins.prompt_lookup import PromptLookup
 from tests.tiny import VOCAB, tiny_model
 
@@ -215,3 +217,134 @@ def test_a_reduced_draft_vocabulary_drafts_only_its_ids_and_stays_lossless():
     assert run(target, GraftProposer(8, drafter=drafter), prompt, 40, stats) == truth
     assert drafter.pool.nodes and all(node.token in set(vocab.tolist()) for node in drafter.pool.nodes)
     assert stats.accepted["draft"] > 0
+
+
+# --- the tensor drafter against the per-node algorithm it replaced ---------------------------------------------
+def reference_draft(drafter, context, budget):
+    """EAGLE-2 with a per-node pool, as TreeDrafter.draft was written before its pool moved to the device: the
+    tree, the pool, the fed rows, levels, the stopping checkpoint and the forwards, through drafter's own
+    _root/_grow (it keeps drafter.tree_rows as draft does)."""
+    from graft_cli.tree import ROOT, Tree
+
+    pool, fed, k, prune = Tree(), {}, drafter.top_k, drafter.prune
+    logp, states = drafter._root(context)
+    forwards, levels, keep, stopped = 1, 1, budget, None
+    values, ids = torch.topk(logp.float(), min(k, logp.shape[-1]))
+    frontier = [pool.add(ROOT, t, "draft", math.exp(c)) for t, c in zip(drafter._to_target(ids).tolist(), values.tolist())]
+    cum, parent_state = values.tolist(), [0] * len(frontier)
+    while True:
+        level = levels - 1
+        if drafter.chain:
+            if math.exp(cum[0]) < (prune.chain_threshold(level) if prune else 0.0):
+                keep = min(keep, len(pool) - 1)
+                break
+        elif prune is not None and prune.stops(level, max(cum)) is not None:
+            stopped = prune.at(level)
+            keep = prune.keep(stopped, budget)
+            break
+        if levels >= drafter.depth:
+            break
+        if prune is not None and prune.floor > 0 and not drafter.chain:
+            worth = [i for i, c in enumerate(cum) if c >= math.log(prune.floor)]
+            frontier, cum, parent_state = [frontier[i] for i in worth], [cum[i] for i in worth], [parent_state[i] for i in worth]
+        if not frontier:
+            break
+        if len(pool) >= keep and sorted((n.score for n in pool.nodes), reverse=True)[keep - 1] > math.exp(max(cum)):
+            break
+        n = len(frontier)
+        mask = torch.zeros((n, drafter.tree_rows + n), dtype=torch.bool)
+        for i, node in enumerate(frontier):
+            parent = pool.nodes[node].parent
+            while parent != ROOT:
+                mask[i, fed[parent]] = True
+                parent = pool.nodes[parent].parent
+            mask[i, drafter.tree_rows + i] = True
+        tokens = torch.tensor([pool.nodes[i].token for i in frontier])
+        logp, states = drafter._grow(tokens, None if states is None else states[parent_state], levels, mask)
+        forwards += 1
+        for i, node in enumerate(frontier):
+            fed[node] = drafter.tree_rows + i
+        drafter.tree_rows += n
+        levels += 1
+        values, ids = torch.topk(logp.float(), min(k, logp.shape[-1]), dim=-1)
+        total = (torch.tensor(cum)[:, None] + values).flatten()
+        children = drafter._to_target(ids).flatten().tolist()
+        added = [pool.add(frontier[b // values.shape[1]], t, "draft", math.exp(c))
+                 for b, (t, c) in enumerate(zip(children, total.tolist()))]
+        best = torch.topk(total, min(k, total.numel())).indices.tolist()
+        frontier, cum, parent_state = [added[b] for b in best], [total[b].item() for b in best], [b // values.shape[1] for b in best]
+    return pool.select(keep), pool, fed, levels, stopped, forwards
+
+
+def nodes_of(tree):
+    return [(n.token, n.parent, n.depth, n.source, n.score) for n in tree.nodes]
+
+
+def assert_same_draft(new, old, context, budget):
+    """Both drafters (same weights, same history) draft ``context``; everything the loop sees must agree."""
+    stats = Stats()
+    tree = new.draft(context, budget, stats)
+    ref, pool, fed, levels, stopped, forwards = reference_draft(old, context, budget)
+    assert nodes_of(tree) == nodes_of(ref)
+    assert nodes_of(new.pool) == nodes_of(pool) and new.fed == fed and new.tree_rows == old.tree_rows
+    assert (new.levels, new.stopped_at, stats.draft_forwards) == (levels, stopped, forwards)
+    return tree, pool, fed
+
+
+SCHEDULES = {
+    "dense": dict(),
+    "pruned": dict(prune=PruneSchedule.parse("0:0.5,1:0.4,2:0.3")),
+    "floor": dict(prune=PruneSchedule.parse("none", floor=0.05)),
+    "pruned+floor": dict(prune=PruneSchedule.parse("0:0.2,1:0.15,3:0.1", floor=0.02)),
+    "chain": dict(prune=PruneSchedule.parse("0:0.3,2:0.2"), chain=True),
+}
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_tensor_pool_matches_the_per_node_algorithm_on_synthetic_logits(schedule):
+    """Path-determined random logits (flat to peaked) over many budgets: checkpoints, the floor, chains and
+    settled pools all fire somewhere, and tree, pool, fed rows and counts stay those of the per-node code."""
+    from tests.test_graft import SyntheticDrafter
+
+    fired = set()
+    for seed in range(24):
+        rng = np.random.default_rng(seed)
+        depth, k, budget = int(rng.integers(1, 8)), int(rng.integers(1, 6)), int(rng.integers(1, 70))
+        peak = float(rng.choice([0.0, 0.5, 1.0, 2.0, 4.0]))  # 0: uniform, every sibling ties
+        new, old = (SyntheticDrafter(depth=depth, top_k=k, peak=peak, **SCHEDULES[schedule]) for _ in range(2))
+        context = rng.integers(0, 12, 4).tolist()
+        tree, pool, _ = assert_same_draft(new, old, context, budget)
+        fired.add("stopped" if new.stopped_at else "deep" if new.levels == depth else "early")
+    assert len(fired) >= 2 or schedule == "dense"
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_tensor_pool_matches_the_per_node_algorithm_on_a_tiny_model(schedule):
+    """Two draft models with the same weights, one drafting the new way, one the old, step after step: the
+    trees, the KV-cache rows kept after each (pretend) verification and the cache lengths stay equal."""
+    from graft_cli.tree import ROOT
+
+    for init in (0.02, 0.3):  # flat distributions (early stops) and peaked ones (deep trees)
+        model = tiny_model("llama", seed=11, init=init)
+        new, old = (DraftModelDrafter(model, VOCAB, depth=6, top_k=4, **SCHEDULES[schedule]) for _ in range(2))
+        rng = np.random.default_rng(3)
+        prompt = rng.integers(0, VOCAB, 12).tolist()
+        for drafter in (new, old):
+            drafter.start(prompt, None)
+        context = prompt + [int(rng.integers(0, VOCAB))]  # the prefill's token: the first root
+        for step in range(6):
+            tree, pool, fed = assert_same_draft(new, old, context, int(rng.integers(4, 40)))
+            path, node = [], ROOT  # accept a random branch of the tree, then a bonus token
+            while tree.children(node) and rng.random() < 0.8:
+                node = int(rng.choice(tree.children(node)))
+                path.append(tree.nodes[node].token)
+            rows = []
+            for n in pool.follow(path):
+                if n not in fed:
+                    break
+                rows.append(fed[n])
+            assert new._accepted_rows(path) == rows
+            context = context + path + [int(rng.integers(0, VOCAB))]
+            new.observe(Step(context, path + [context[-1]], tree, []))
+            old._drop_tree(rows)
+            assert new.cache.length == old.cache.length

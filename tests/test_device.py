@@ -82,11 +82,11 @@ def test_the_static_check_sees_what_it_should():
 
 class Discipline(TorchFunctionMode):
     """Raises on a factory call without ``device=`` (unless its line says ``# host``) or a hidden sync from a file
-    in ``scope``; counts that code's device-to-host reads."""
+    in ``scope``; counts that code's device-to-host reads. ``strict=False`` only counts (to measure old code)."""
 
-    def __init__(self, scope: tuple[str, ...] = DYNAMIC_SCOPE) -> None:
+    def __init__(self, scope: tuple[str, ...] = DYNAMIC_SCOPE, strict: bool = True) -> None:
         super().__init__()
-        self.scope, self.reads = scope, 0
+        self.scope, self.strict, self.reads = scope, strict, 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -97,7 +97,7 @@ class Discipline(TorchFunctionMode):
             while frame is not None and "/site-packages/torch/" in frame.f_code.co_filename.replace("\\", "/"):
                 frame = frame.f_back  # torch's own Python layers: the caller is further out
             where = frame.f_code.co_filename.replace("\\", "/") if frame is not None else ""
-            if any(part in where for part in self.scope):
+            if any(part in where for part in self.scope) and (self.strict or name in READS):
                 line = f"{where.split('/')[-1]}:{frame.f_lineno}"
                 if name in FACTORIES and kwargs.get("device") is None \
                         and "# host" not in linecache.getline(frame.f_code.co_filename, frame.f_lineno):

@@ -19,6 +19,7 @@ rows sit in the drafter's KV cache live here.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
 from time import perf_counter
 from typing import Any, Sequence
 
@@ -33,8 +34,9 @@ SOURCE = "draft"
 
 
 class Pool:
-    """Every candidate of one draft, on the device, one block per level in the order the old per-node pool
-    added them (so a pool index is a Tree index: parents precede children, ties rank the earlier node first)."""
+    """Every candidate of one draft, on the device, one block per level in insertion order (a level's nodes by
+    frontier node, each one's children best first), so a pool index is a Tree index: parents precede children,
+    and of two equal scores the earlier, never deeper, node ranks first."""
 
     def __init__(self) -> None:
         self.blocks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (tokens, parents, cum log-probs)
@@ -52,17 +54,34 @@ class Pool:
         return tuple(torch.cat(column) for column in zip(*self.blocks))  # type: ignore[return-value]
 
     def settled(self, keep: int, best: torch.Tensor) -> torch.Tensor:
-        """Whether ``keep`` nodes already outscore ``best`` (a deeper node's bound), as a device bool."""
-        scores = torch.cat([cum for _, _, cum in self.blocks]).double().exp()  # the scores Tree nodes would hold
+        """Whether ``keep`` nodes already outscore ``best`` (a deeper node's bound), as a device bool. Scores
+        are compared as Tree holds them, ``exp`` in float64 (equal when both underflow)."""
+        scores = torch.cat([cum for _, _, cum in self.blocks]).double().exp()
         return torch.topk(scores, keep).values[-1] > best.double().exp()
 
     def select(self, cum: torch.Tensor, keep: int) -> torch.Tensor:
-        """Pool indices of the best ``keep`` nodes by ``cum`` (the pool's), ascending: Tree.select's choice,
-        ties to the earlier (never deeper) node."""
+        """Pool indices of the best ``keep`` nodes by ``cum`` (the pool's), ascending: what Tree.select keeps."""
         if keep >= self.size:
             return torch.arange(self.size, device=cum.device)
         order = torch.sort(cum.double().exp(), descending=True, stable=True).indices[: max(keep, 0)]
         return order.sort().values
+
+
+@dataclass
+class Frontier:
+    """The nodes the next level expands, best first, on the device."""
+
+    nodes: torch.Tensor  # pool indices
+    cum: torch.Tensor  # cumulative log-probs (float32)
+    tokens: torch.Tensor  # target ids
+    state: torch.Tensor  # row of the last forward's states each one is fed with
+    parent_rows: torch.Tensor  # tree row its parent was fed at (-1: the root)
+
+    def __len__(self) -> int:
+        return self.nodes.shape[0]
+
+    def head(self, n: int) -> Frontier:
+        return Frontier(*(getattr(self, f.name)[:n] for f in fields(self)))
 
 
 class TreeDrafter:
@@ -135,38 +154,28 @@ class TreeDrafter:
             return Tree()
         logp, state_rows = self._root(context)
         stats.draft_forwards += 1
-        device, k = logp.device, self.top_k
-        cum, ids = torch.topk(logp.float(), min(k, logp.shape[-1]))  # the frontier's cumulative log-probs, best first
-        width = cum.shape[0]
-        tokens = self._to_target(ids)
         pool = self._candidates = Pool()
-        frontier = torch.arange(width, device=device)  # pool indices of the frontier
-        pool.add(tokens, torch.full((width,), ROOT, device=device), cum)
-        parent_state = torch.zeros(width, dtype=torch.long, device=device)  # row of state_rows each is fed with
-        parent_rows = torch.full((width,), -1, device=device)  # tree row of each one's parent (-1: the root)
+        frontier = self._children(pool, None, logp)
         # row r: the tree rows that the node fed at row r sees (its ancestors and itself); the extra last row,
         # index -1, stays empty: the root's, so the root's children look it up like every other node
-        rows_max = (self.depth - 1) * k
-        ancestors = torch.zeros((rows_max + 1, rows_max), dtype=torch.bool, device=device)
+        rows = (self.depth - 1) * self.top_k
+        ancestors = torch.zeros((rows + 1, rows), dtype=torch.bool, device=logp.device)
         fed: list[torch.Tensor] = []  # pool indices fed, level by level
-        frontier_cum: list[float] = []  # the host's copy of cum, at the levels that read it
-        settled = False
-        self.levels = 1
-        keep = budget
+        frontier_cum, settled = [], False  # the host's copy of frontier.cum, at the levels that read it
+        self.levels, keep = 1, budget
         while True:
-            level = self.levels - 1
-            deeper = self.levels < self.depth
+            level, deeper = self.levels - 1, self.levels < self.depth
             chain_threshold = self.prune.chain_threshold(level) if self.chain and self.prune is not None else 0.0
             point = self.prune.at(level) if self.prune is not None and not self.chain else None
             floor = self.prune.floor if deeper and self.prune is not None and not self.chain else 0.0
             # only nodes of earlier levels can outscore the newest level's best, so a smaller pool cannot settle
             may_settle = deeper and pool.earlier >= keep
             if chain_threshold > 0 or point is not None or floor > 0 or may_settle:  # this level's one read
-                read = cum.double()
+                read = frontier.cum.double()
                 if may_settle:
-                    read = torch.cat([read, pool.settled(keep, cum[0]).double()[None]])
+                    read = torch.cat([read, pool.settled(keep, frontier.cum[0]).double()[None]])
                 host = read.tolist()
-                frontier_cum, settled = host[:width], may_settle and host[-1] > 0
+                frontier_cum, settled = host[: len(frontier)], may_settle and host[-1] > 0
             if chain_threshold > 0 and _prob(frontier_cum[0]) < chain_threshold:
                 keep = min(keep, pool.size - 1)  # keep the confident prefix: the newest node goes
                 break
@@ -176,33 +185,39 @@ class TreeDrafter:
             if not deeper:
                 break
             if floor > 0:  # not worth a draft row; the frontier is sorted, so the worthy nodes lead
-                width = sum(1 for c in frontier_cum if c >= math.log(floor))
-                frontier, cum, tokens = frontier[:width], cum[:width], tokens[:width]
-                parent_state, parent_rows = parent_state[:width], parent_rows[:width]
-            if not width:
+                frontier = frontier.head(sum(1 for c in frontier_cum if c >= math.log(floor)))
+            if not len(frontier):
                 break
             if may_settle and settled:  # no deeper node could make the cut: stop for free
                 break
             # one batched forward for the whole frontier, each node seeing its parent's rows and itself
-            start, end = self.tree_rows, self.tree_rows + width
-            mask = ancestors[parent_rows, :end]
+            start, end = self.tree_rows, self.tree_rows + len(frontier)
+            mask = ancestors[frontier.parent_rows, :end]
             mask[:, start:].fill_diagonal_(True)
             ancestors[start:end, :end] = mask
-            logp, state_rows = self._grow(tokens, _gather(state_rows, parent_state), self.levels, mask)
+            logp, state_rows = self._grow(frontier.tokens, _gather(state_rows, frontier.state), self.levels, mask)
             stats.draft_forwards += 1
-            self.tree_rows = end
-            fed.append(frontier)
-            self.levels += 1
-            values, ids = torch.topk(logp.float(), min(k, logp.shape[-1]), dim=-1)  # [F, k]
-            children = self._to_target(ids).flatten()
-            total = (cum[:, None] + values).flatten()
-            base = pool.add(children, frontier.repeat_interleave(values.shape[1]), total)
-            cum, best = torch.topk(total, min(k, total.numel()))
-            parent_state = best // values.shape[1]
-            frontier, tokens, parent_rows, width = base + best, children[best], start + parent_state, best.shape[0]
+            self.tree_rows, self.levels = end, self.levels + 1
+            fed.append(frontier.nodes)
+            frontier = self._children(pool, frontier, logp, start)
         tree = self._finish(pool, fed, keep)
         stats.times["draft"] += perf_counter() - clock
         return tree
+
+    def _children(self, pool: Pool, parents: Frontier | None, logp: torch.Tensor, start: int = 0) -> Frontier:
+        """Add each parent's ``top_k`` children (the root's, without ``parents``) to the pool; the best
+        ``top_k`` of them are the next frontier. ``start``: the tree row of the parents' first."""
+        values, ids = torch.topk(logp.float(), min(self.top_k, logp.shape[-1]), dim=-1)  # [F, k], or [k]
+        tokens = self._to_target(ids).flatten()
+        if parents is None:
+            first = torch.arange(values.shape[0], device=values.device)
+            pool.add(tokens, torch.full_like(first, ROOT), values)
+            return Frontier(first, values, tokens, torch.zeros_like(first), torch.full_like(first, -1))
+        cum = (parents.cum[:, None] + values).flatten()
+        base = pool.add(tokens, parents.nodes.repeat_interleave(values.shape[1]), cum)
+        best_cum, best = torch.topk(cum, min(self.top_k, cum.numel()))
+        state = best // values.shape[1]
+        return Frontier(base + best, best_cum, tokens[best], state, start + state)
 
     def _finish(self, pool: Pool, fed: list[torch.Tensor], keep: int) -> Tree:
         """The selected tree, and the fed nodes' (pool index, parent, token): the draft's last read."""

@@ -213,10 +213,11 @@ class TreeDrafter:
             first = torch.arange(values.shape[0], device=values.device)
             pool.add(tokens, torch.full_like(first, ROOT), values)
             return Frontier(first, values, tokens, torch.zeros_like(first), torch.full_like(first, -1))
+        per = values.shape[1]
         cum = (parents.cum[:, None] + values).flatten()
-        base = pool.add(tokens, parents.nodes.repeat_interleave(values.shape[1]), cum)
-        best_cum, best = torch.topk(cum, min(self.top_k, cum.numel()))
-        state = best // values.shape[1]
+        base = pool.add(tokens, parents.nodes.repeat_interleave(per), cum)
+        best_cum, best = torch.topk(cum, min(self.top_k, cum.shape[0]))
+        state = best // per
         return Frontier(base + best, best_cum, tokens[best], state, start + state)
 
     def _finish(self, pool: Pool, fed: list[torch.Tensor], keep: int) -> Tree:

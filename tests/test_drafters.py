@@ -230,7 +230,8 @@ def reference_draft(drafter, context, budget):
     logp, states = drafter._root(context)
     forwards, levels, keep, stopped = 1, 1, budget, None
     values, ids = torch.topk(logp.float(), min(k, logp.shape[-1]))
-    frontier = [pool.add(ROOT, t, "draft", math.exp(c)) for t, c in zip(drafter._to_target(ids).tolist(), values.tolist())]
+    tokens = drafter._to_target(ids).tolist()
+    frontier = [pool.add(ROOT, t, "draft", math.exp(c)) for t, c in zip(tokens, values.tolist())]
     cum, parent_state = values.tolist(), [0] * len(frontier)
     while True:
         level = levels - 1
@@ -246,7 +247,8 @@ def reference_draft(drafter, context, budget):
             break
         if prune is not None and prune.floor > 0 and not drafter.chain:
             worth = [i for i, c in enumerate(cum) if c >= math.log(prune.floor)]
-            frontier, cum, parent_state = [frontier[i] for i in worth], [cum[i] for i in worth], [parent_state[i] for i in worth]
+            frontier, cum = [frontier[i] for i in worth], [cum[i] for i in worth]
+            parent_state = [parent_state[i] for i in worth]
         if not frontier:
             break
         if len(pool) >= keep and sorted((n.score for n in pool.nodes), reverse=True)[keep - 1] > math.exp(max(cum)):
@@ -272,7 +274,8 @@ def reference_draft(drafter, context, budget):
         added = [pool.add(frontier[b // values.shape[1]], t, "draft", math.exp(c))
                  for b, (t, c) in enumerate(zip(children, total.tolist()))]
         best = torch.topk(total, min(k, total.numel())).indices.tolist()
-        frontier, cum, parent_state = [added[b] for b in best], [total[b].item() for b in best], [b // values.shape[1] for b in best]
+        frontier, cum = [added[b] for b in best], [total[b].item() for b in best]
+        parent_state = [b // values.shape[1] for b in best]
     return pool.select(keep), pool, fed, levels, stopped, forwards
 
 

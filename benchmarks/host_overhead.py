@@ -20,8 +20,10 @@ device-to-host reads among them (``.item()``, ``.tolist()``, ``.cpu()``, ``.nump
 ``int()``, indexing with a tensor, ``np.asarray``); reads inside the model forwards (transformers' own) are shown
 apart and not counted in ``syncs_per_step``. On this CPU every tensor op runs at once; a call over a
 vocabulary-sized tensor (softmax, top-k, argmax over the logits, KV moves) is device work a GPU runs
-asynchronously, so it is timed and excluded like a forward. What remains is Python and small tensor calls, each
-carrying the counting mode's own ~1 us, which stands in for part of a GPU launch's cost.
+asynchronously, so it is timed and excluded like a forward. What remains is Python and small tensor calls (on a
+GPU each of those is a kernel launch of a few microseconds, about what a small CPU op costs here). The counting
+mode's own cost per call is measured at the start and subtracted. The clock is this thread's CPU time by default
+(``--clock wall`` for perf_counter): on a shared machine wall time mostly measures the neighbours.
 
     python benchmarks/host_overhead.py --drafter model --threads 1
     python benchmarks/host_overhead.py --drafter eagle3 --threads 1
@@ -41,7 +43,7 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
-from time import perf_counter
+from time import perf_counter, thread_time
 from typing import Any, Callable
 
 import torch
@@ -74,9 +76,9 @@ class Phases(TorchFunctionMode):
     calls made and the device-to-host reads among them. A torch call over a vocabulary-sized tensor (at least
     ``big`` elements: softmax, top-k, argmax over logits) is device work on a GPU: timed like a forward."""
 
-    def __init__(self, big: int = 1 << 16) -> None:
+    def __init__(self, clock: Callable[[], float], big: int = 1 << 16) -> None:
         super().__init__()
-        self.big = big
+        self.clock, self.big = clock, big
         self.stack: list[list] = []  # [name, start, time spent in nested phases]
         self.time: Counter = Counter()
         self.reads: Counter = Counter()
@@ -95,11 +97,11 @@ class Phases(TorchFunctionMode):
         return timed
 
     def enter(self, name: str) -> None:
-        self.stack.append([name, perf_counter(), 0.0])
+        self.stack.append([name, self.clock(), 0.0])
 
     def exit(self) -> None:
         phase, start, nested = self.stack.pop()
-        elapsed = perf_counter() - start
+        elapsed = self.clock() - start
         self.time[phase] += elapsed - nested
         if self.stack:
             self.stack[-1][2] += elapsed
@@ -124,6 +126,27 @@ class Phases(TorchFunctionMode):
     def reset(self) -> None:
         for counter in (self.time, self.reads, self.calls):
             counter.clear()
+
+    def cost(self, n: int = 4000) -> float:
+        """Seconds this mode adds to one torch call: small calls timed without it and with it (best of 5)."""
+        x = torch.ones(4)
+
+        def calls() -> float:
+            start = self.clock()
+            for _ in range(n):
+                x.add(1)
+                x[1]
+            return self.clock() - start
+
+        plain = min(calls() for _ in range(5))
+        self.counting = True
+        self.stack.append(["calibration", self.clock(), 0.0])
+        with self:
+            counted = min(calls() for _ in range(5))
+        self.stack.clear()
+        self.counting = False
+        self.reset()
+        return max(counted - plain, 0.0) / (2 * n)
 
 
 def datastore(name: str, corpus: Path) -> str:
@@ -212,6 +235,9 @@ def main() -> int:
     ap.add_argument("--categories", default="writing,coding,summarization,math_reasoning")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                    help="cpu: this thread's CPU time (steady on a shared machine; with --threads 1 it holds the "
+                         "tensor work too); wall: perf_counter")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -235,7 +261,7 @@ def main() -> int:
         proposer = build(config, loaded)
     proposer.latency = LatencyModel.default("cuda")
     target = Target(loaded.model)
-    phases = Phases()
+    phases = Phases(thread_time if args.clock == "cpu" else perf_counter)
     instrument(phases, target, proposer)
     stops = stop_ids(loaded)
 
@@ -249,6 +275,7 @@ def main() -> int:
         phases.counting = False
         return stats
 
+    cost = phases.cost()
     with phases:
         run(prompts[0], 8)  # warm-up
         phases.reset()
@@ -260,7 +287,10 @@ def main() -> int:
     print(f"{args.model}, method {args.method}, drafter {args.drafter}{' ' + draft if draft else ''}, "
           f"budget {args.budget}, depth {args.depth}, draft top-k {args.draft_top_k}, retrievers {args.retrievers}; "
           f"{len(prompts)} Spec-Bench prompts ({args.categories}), {tokens} tokens in {steps} steps "
-          f"(tau {tokens / max(steps, 1):.2f}), threads {args.threads}")
+          f"(tau {tokens / max(steps, 1):.2f}), threads {args.threads}, {args.clock} clock; counting costs "
+          f"{1e6 * cost:.2f} us per torch call, subtracted")
+    for phase, calls in phases.calls.items():  # the counting's own cost is not the host's
+        phases.time[phase] -= calls * cost
     print(f"{'phase':<10}{'ms/step':>10}{'reads/step':>12}{'torch calls/step':>18}")
     host = sum(phases.time[p] for p in PHASES)
     syncs = sum(phases.reads[p] for p in PHASES)

@@ -44,7 +44,7 @@ class AdjacencyRetriever:
         self._tokens = torch.zeros((vocab_size, k), dtype=torch.int32)
         self._probs = torch.zeros((vocab_size, k), dtype=torch.float32)
         self._arrays = (self._tokens.numpy(), self._probs.numpy())  # views of the same memory, for the walk
-        self._pending: list[tuple[list[int], torch.Tensor]] = []  # (token rows, device [n, 2k] ids | probs)
+        self._pending: list[tuple[list[int], torch.Tensor]] = []  # (fed tokens, device [n, 2k] ids | probs)
         self.path = Path(path).expanduser() if path else None
         self.updates = 0
         self._closed = False
@@ -71,9 +71,11 @@ class AdjacencyRetriever:
             return
         packed = self._pending[0][1] if len(self._pending) == 1 else torch.cat([p for _, p in self._pending])
         data, start = packed.cpu(), 0
-        for rows, update in self._pending:  # in order: a later update of a row wins
-            block, start = data[start : start + len(rows)], start + len(rows)
+        for fed, update in self._pending:  # in order, and within a step a token's last row: later writes win
+            last = {token: row for row, token in enumerate(fed, start=start)}
+            block, start = data[list(last.values())], start + len(fed)
             width = update.shape[1] // 2
+            rows = list(last)
             self._tokens[rows, :width] = block[:, :width].to(torch.int32)  # exact: ids and float32 values
             self._probs[rows, :width] = block[:, width:].to(torch.float32)  # travel as float64
         self._pending = []
@@ -123,7 +125,7 @@ class AdjacencyRetriever:
     @torch.inference_mode()
     def observe(self, step: Step) -> None:
         """Row 0 of the logits is the root's distribution, row i + 1 node i's: each updates its token's row.
-        Device ops only; a token fed twice takes its last row (what a sequential write gives, on any device)."""
+        Device ops only, nothing read back; a token fed twice takes its last row (as a sequential write would)."""
         if step.logits is None or not len(step.accepted):
             return
         if len(step.context) <= len(step.accepted):
@@ -132,12 +134,9 @@ class AdjacencyRetriever:
         fed = [root, *step.tree.tokens()]
         if step.logits.shape[0] < len(fed):
             return
-        last = {token: row for row, token in enumerate(fed)}
-        offset = step.logits.shape[0] - len(fed)  # the prefill gives only its last row: the root's
-        index = torch.tensor([offset + row for row in last.values()], device=step.logits.device)
-        probs = torch.softmax(step.logits.index_select(0, index)[:, : self.vocab_size].float(), dim=-1)
+        probs = torch.softmax(step.logits[-len(fed) :, : self.vocab_size].float(), dim=-1)  # the prefill: 1 row
         values, ids = torch.topk(probs, min(self.k, probs.shape[-1]), dim=-1)
-        self._pending.append((list(last), torch.cat([ids.double(), values.double()], dim=1)))
+        self._pending.append((fed, torch.cat([ids.double(), values.double()], dim=1)))
         self.updates += 1
         if len(self._pending) >= self.max_pending:
             self._flush()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -36,24 +37,32 @@ class LatencyModel:
         return cls(dict(DEFAULT_LATENCY["cuda" if device.startswith("cuda") else "cpu"]))
 
     def __call__(self, n: int) -> float:
-        xs = sorted(self.points)
-        ys = [self.points[x] for x in xs]
-        if n >= xs[-1]:  # extrapolate with the last slope
-            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
-            return ys[-1] + slope * (n - xs[-1])
-        return float(np.interp(n, xs, ys))
+        return float(self.curve(np.array([n]))[0])
 
-    def best_count(self, fixed: int, fixed_gain: float, scores: list[float], overhead: float = 0.0) -> int:
+    def curve(self, ns: np.ndarray) -> np.ndarray:
+        """Latency at every count of ``ns`` in one pass: linear between the points, the last slope beyond them."""
+        xs = np.array(sorted(self.points), dtype=np.float64)
+        ys = np.array([self.points[x] for x in sorted(self.points)], dtype=np.float64)
+        out = np.interp(ns, xs, ys)
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+        beyond = ns >= xs[-1]
+        out[beyond] = ys[-1] + slope * (ns[beyond] - xs[-1])
+        return out
+
+    def best_count(self, fixed: int, fixed_gain: float, scores: Sequence[float], overhead: float = 0.0) -> int:
         """How many of ``scores`` (best first) to verify on top of ``fixed`` nodes: max expected tokens/second.
-        ``overhead``: what the step costs besides the forward, in the curve's unit (the drafting already done)."""
-        best_k, gain = 0, 1.0 + fixed_gain
-        best_rate = gain / (overhead + self(fixed + 1))
-        for k, score in enumerate(scores, start=1):
-            gain += score
-            rate = gain / (overhead + self(fixed + k + 1))
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        return best_k
+        ``overhead``: what the step costs besides the forward, in the curve's unit (the drafting already done).
+        One array pass over every candidate count; the first count reaching the best rate wins."""
+        gains = np.empty(len(scores) + 1)
+        gains[0] = 1.0 + fixed_gain
+        gains[1:] = scores
+        gains = np.cumsum(gains)
+        rates = gains / (overhead + self.curve(np.arange(fixed + 1, fixed + len(scores) + 2, dtype=np.float64)))
+        rates[np.isnan(rates)] = -np.inf  # a NaN score never wins (nor does any count after it)
+        return int(np.argmax(rates))
+
+
+DEPTHS = 6  # depths from here on share one calibration entry
 
 
 @dataclass
@@ -70,22 +79,31 @@ class Calibration:
 
     @staticmethod
     def _key(source: str, depth: int) -> tuple[str, int]:
-        return source, min(depth, 6)
+        return source, min(depth, DEPTHS)
 
     def ratio(self, source: str, depth: int) -> float:
         key = self._key(source, depth)
         return (self.accepted[key] + self.prior) / (self.predicted[key] + self.prior)
 
     def apply(self, tree: Tree, group: str | None = None) -> Tree:
-        """The same tree with every node's conditional score (score / parent's score) corrected."""
-        out = Tree()
-        for node in tree.nodes:
-            parent_raw = 1.0 if node.parent == ROOT else tree.nodes[node.parent].score
-            parent_new = 1.0 if node.parent == ROOT else out.nodes[node.parent].score
-            conditional = node.score / parent_raw if parent_raw > 0 else 0.0
-            corrected = min(1.0, conditional * self.ratio(group or node.source, node.depth))
-            out.add(node.parent, node.token, node.source, parent_new * corrected, raw=conditional)
-        return out
+        """The same tree with every node's conditional score (score / parent's score) corrected.
+        The shape is unchanged, so the copy is built in one pass (nothing to merge)."""
+        ratios: dict[tuple[str, int], float] = {}
+        nodes, scores, raws = tree.nodes, [], []
+        for node in nodes:
+            key = (group or node.source, min(node.depth, DEPTHS))
+            ratio = ratios.get(key)
+            if ratio is None:
+                ratio = ratios[key] = (self.accepted[key] + self.prior) / (self.predicted[key] + self.prior)
+            if node.parent == ROOT:
+                conditional = node.score
+                scores.append(min(1.0, conditional * ratio))
+            else:
+                parent_raw = nodes[node.parent].score
+                conditional = node.score / parent_raw if parent_raw > 0 else 0.0
+                scores.append(scores[node.parent] * min(1.0, conditional * ratio))
+            raws.append(conditional)
+        return tree.rescored(scores, raws)
 
     def observe(
         self, tree: Tree, accepted_nodes: list[int], group: str | None = None, horizon: int | None = None

@@ -59,26 +59,25 @@ def decode(
         if new[-1] in stop_ids or stats.new_tokens >= max_new_tokens:
             return
         t0 = perf_counter()
-        tree = proposer.propose(context, stats)
+        tree = proposer.propose(context, stats).within(target.vocab_size)  # a plugin's bad ids never reach the model
         t1 = perf_counter()
         out = target.verify(context[-1], tree, hidden=proposer.wants_hidden)
         t2 = perf_counter()
         result = accept(tree, out.logits, sampling, generator)
-        target.keep(result.rows(), len(tree) + 1)
+        rows = result.rows()
+        target.keep(rows, len(tree) + 1)
         new = [tree.nodes[i].token for i in result.nodes] + [result.bonus]
         context.extend(new)
         t3 = perf_counter()
-        proposer.observe(Step(context, new, tree, result.rows(), out.logits, out.hidden))
+        proposer.observe(Step(context, new, tree, rows, out.logits, out.hidden))
         stats.times["propose"] += t1 - t0
         stats.times["verify"] += t2 - t1
         stats.times["accept"] += t3 - t2
         stats.times["update"] += perf_counter() - t3
         stats.steps += 1
         stats.accept_lengths.append(len(new))
-        for node in tree.nodes:
-            stats.proposed[node.source] += 1
-        for i in result.nodes:
-            stats.accepted[tree.nodes[i].source] += 1
+        stats.proposed.update(node.source for node in tree.nodes)
+        stats.accepted.update(tree.nodes[i].source for i in result.nodes)
         stats.accepted["bonus"] += 1
 
 

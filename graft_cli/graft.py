@@ -4,9 +4,10 @@ and no retrievers is plain decoding, retrievers alone are PLD/REST/Token Recycli
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from time import perf_counter
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from graft_cli.budget import Calibration, LatencyModel
 from graft_cli.stats import Stats
@@ -54,14 +55,16 @@ class GraftProposer:
         self.wants_hidden = bool(drafter and drafter.wants_hidden)
         self.tail = tail
         self.trace: list[dict] = []
+        self.failed: set[str] = set()  # retrievers that raised (warned about once)
 
     def start(self, prompt: Sequence[int], prefill: Step) -> None:
         self.trace = []
         if self.drafter:
             self.drafter.start(prompt, prefill)
         for retriever in self.retrievers:
-            retriever.start(prompt)
-            retriever.observe(prefill)  # the prefill is a target forward too (its last row: the root's)
+            self._safely(retriever, "start", lambda: retriever.start(prompt))
+            # the prefill is a target forward too (its last row: the root's)
+            self._safely(retriever, "observe", lambda: retriever.observe(prefill))
 
     def propose(self, context: Sequence[int], stats: Stats) -> Tree:
         tree = self.drafter.draft(context, self.budget, stats) if self.drafter and self.budget > 0 else Tree()
@@ -74,10 +77,15 @@ class GraftProposer:
         t0 = perf_counter()
         pool = Tree()
         for retriever in self.retrievers:
-            pool.merge(self.calibration.apply(retriever.retrieve(context, room)))
+            found = self.calibration.apply(self._retrieve(retriever, context, room))
+            if not len(pool):  # the calibrated copy is ours: the first one is the pool
+                pool = found
+            else:
+                pool.merge(found)
         if self.tail and drafted:
             self._tail(pool, tree, context, room)
-        tree = self._graft(tree, pool)
+        if len(pool):
+            tree = self._graft(tree, pool)
         record["retrieved"] = len(tree) - drafted
         stats.times["retrieve"] += perf_counter() - t0
         return tree
@@ -86,19 +94,38 @@ class GraftProposer:
         """Graft ``pool`` best-first into the free slots, then keep only as many of the new nodes as pay for
         their verification (expected tokens per second under the latency model)."""
         drafted = len(tree)
-        merged = Tree()
-        merged.merge(tree)
+        merged = tree.copy()  # the drafter's tree stays the drafter's
         merged.graft(pool, self.budget)
         new = merged.nodes[drafted:]  # added best-first, so every prefix of them is prefix-closed
-        if not new:
-            return merged
-        keep = self.latency.best_count(drafted, sum(n.score for n in tree.nodes), [n.score for n in new])
-        if keep == len(new):
-            return merged
-        out = Tree()
-        for node in merged.nodes[: drafted + keep]:
-            out.add(node.parent, node.token, node.source, node.score, node.raw)
-        return out
+        if new:
+            merged.truncate(drafted + self.latency.best_count(drafted, sum(n.score for n in tree.nodes),
+                                                              [n.score for n in new]))
+        return merged
+
+    def _retrieve(self, retriever: Retriever, context: Sequence[int], budget: int) -> Tree:
+        """A retriever's lookup, or nothing when it fails (raises, or returns no Tree): a plugin never stops
+        generation."""
+        try:
+            found = retriever.retrieve(context, budget)
+            if not isinstance(found, Tree):
+                raise TypeError(f"it returned {type(found).__name__}, not a Tree")
+            return found
+        except Exception as e:  # a third-party plugin's bug must not end the generation
+            self._failed(retriever, "retrieve", e)
+            return Tree()
+
+    def _safely(self, retriever: Retriever, what: str, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except Exception as e:
+            self._failed(retriever, what, e)
+
+    def _failed(self, retriever: Retriever, what: str, error: Exception) -> None:
+        """Warn once per retriever on stderr; its results are dropped while it keeps failing."""
+        if retriever.name not in self.failed:
+            self.failed.add(retriever.name)
+            print(f"graft: retriever {retriever.name} failed in {what}() ({type(error).__name__}: {error}); "
+                  "its results are dropped", file=sys.stderr)
 
     def _tail(self, pool: Tree, chain: Tree, context: Sequence[int], room: int) -> None:
         """Continue the drafted chain's deepest node with lookups from its last token (Graft(TAIL))."""
@@ -111,7 +138,7 @@ class GraftProposer:
         for retriever in self.retrievers:
             if not getattr(retriever, "stateless", False):
                 continue
-            sub = self.calibration.apply(retriever.retrieve([*context, *tokens], room))
+            sub = self.calibration.apply(self._retrieve(retriever, [*context, *tokens], room))
             mapping = {ROOT: parent}
             for j, node in enumerate(sub.nodes):
                 mapping[j] = pool.add(mapping[node.parent], node.token, node.source, base * node.score, node.raw)
@@ -120,7 +147,7 @@ class GraftProposer:
         if self.drafter:
             self.drafter.observe(step)
         for retriever in self.retrievers:
-            retriever.observe(step)
+            self._safely(retriever, "observe", lambda: retriever.observe(step))
         accepted = [row - 1 for row in step.kept[1:]]
         self.calibration.observe(step.tree, accepted)
         if self.trace:

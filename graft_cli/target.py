@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.util import find_spec
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
@@ -29,6 +30,7 @@ class Target:
         self.dtype = next(model.parameters()).dtype
         self.cache = DynamicCache(config=model.config)
         self.length = 0  # tokens held in the cache
+        self.vocab_size = model.get_input_embeddings().num_embeddings  # ids the embedding can look up
         # FlashAttention cannot take a tree mask, but the prefill's plain causal mask suits it
         cuda = self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16)
         self.prefill_attention = "flash_attention_2" if cuda and find_spec("flash_attn") else None
@@ -51,26 +53,31 @@ class Target:
 
     @torch.inference_mode()
     def verify(self, root: int, tree: Tree, hidden: bool = False) -> Forward:
-        """Feed the root and every tree node in one forward pass; each node sees the past and its ancestors."""
-        past = self.length
-        tokens = torch.tensor([[root] + tree.tokens()], device=self.device)
-        positions = torch.from_numpy(tree.depths()).to(self.device).unsqueeze(0) + past
+        """Feed the root and every tree node in one forward pass; each node sees the past and its ancestors.
+
+        Token ids, positions and the tree's ancestor table go to the device in ONE copy; the additive mask is
+        made there."""
+        past, n = self.length, len(tree) + 1
+        host = np.empty((n + 2 if len(tree) else 2, n), dtype=np.int64)  # tokens, positions, ancestors
+        host[0, 0] = root
+        host[0, 1:] = tree.tokens()
+        host[1] = tree.depths() + past
+        if len(tree):
+            host[2:] = tree.ancestor_mask()
+        block = torch.from_numpy(host).to(self.device)
         mask = None
         if len(tree):  # a lone root is plain causal decoding: no mask, exactly as `generate` runs it
-            allowed = torch.from_numpy(tree.ancestor_mask()).to(self.device)
-            block = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-            block.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-            prefix = torch.zeros((allowed.shape[0], past), dtype=self.dtype, device=self.device)
-            mask = torch.cat([prefix, block], dim=1)[None, None]
+            mask = torch.zeros((1, 1, n, past + n), dtype=self.dtype, device=self.device)
+            mask[0, 0, :, past:].masked_fill_(block[2:] == 0, torch.finfo(self.dtype).min)
         out = self.model(
-            input_ids=tokens,
-            position_ids=positions,
+            input_ids=block[0:1],
+            position_ids=block[1:2],
             attention_mask=mask,
             cache=self.cache,
             use_cache=True,
             output_hidden_states=hidden,
         )
-        self.length = past + tokens.shape[1]
+        self.length = past + n
         return self._forward(out, hidden)
 
     @torch.inference_mode()

@@ -26,7 +26,11 @@ class Node:
 
 
 class Tree:
-    """Topologically ordered, prefix-closed token tree without duplicate siblings (duplicates merge)."""
+    """Topologically ordered, prefix-closed token tree without duplicate siblings (duplicates merge).
+
+    ``nodes`` is the public record; the ``(parent, token)`` index makes ``add``/``child`` O(1), and whole-tree
+    operations (masks, selection, copies, cuts) work on arrays or rebuild in one pass instead of node by node.
+    """
 
     def __init__(self) -> None:
         self.nodes: list[Node] = []
@@ -37,21 +41,26 @@ class Tree:
 
     def add(self, parent: int, token: int, source: str, score: float, raw: float = float("nan")) -> int:
         """Add a child of ``parent`` (or merge into the existing sibling with the same token); return its index."""
-        if parent != ROOT and not 0 <= parent < len(self.nodes):
+        nodes = self.nodes
+        if parent == ROOT:
+            depth = 1
+        elif 0 <= parent < len(nodes):
+            up = nodes[parent]
+            depth = up.depth + 1
+            if score > up.score:
+                score = up.score
+        else:
             raise IndexError(f"parent {parent} is not in the tree")
-        if parent != ROOT:
-            score = min(score, self.nodes[parent].score)
         key = (parent, int(token))
         found = self._index.get(key)
         if found is not None:
-            node = self.nodes[found]
+            node = nodes[found]
             if score > node.score:
                 node.score, node.source, node.raw = score, source, raw
             return found
-        depth = 1 if parent == ROOT else self.nodes[parent].depth + 1
-        self.nodes.append(Node(int(token), parent, depth, source, float(score), raw))
-        self._index[key] = len(self.nodes) - 1
-        return len(self.nodes) - 1
+        self._index[key] = len(nodes)
+        nodes.append(Node(key[1], parent, depth, source, float(score), raw))
+        return len(nodes) - 1
 
     def add_path(self, tokens: Sequence[int], scores: Sequence[float], source: str, parent: int = ROOT) -> list[int]:
         """Add a chain under ``parent``; ``scores[i]`` is the path score up to ``tokens[i]``."""
@@ -66,9 +75,9 @@ class Tree:
 
     def follow(self, tokens: Sequence[int]) -> list[int]:
         """The nodes along ``tokens`` from the root, as far as the tree goes (what greedy acceptance would take)."""
-        path, node = [], ROOT
+        path, node, index = [], ROOT, self._index
         for token in tokens:
-            node = self.child(node, token)
+            node = index.get((node, int(token)))
             if node is None:
                 break
             path.append(node)
@@ -76,10 +85,14 @@ class Tree:
 
     def children(self, parent: int) -> list[int]:
         """Children of ``parent`` in insertion order (best first when proposers add best first)."""
-        return [i for i, n in enumerate(self.nodes) if n.parent == parent]
+        return sorted(i for (up, _), i in self._index.items() if up == parent)
 
     def merge(self, other: Tree, parent_map: dict[int, int] | None = None) -> None:
         """Graft every node of ``other`` into this tree; shared prefixes continue under the existing nodes."""
+        if parent_map is None and not self.nodes:  # into an empty tree: a copy
+            copied = other.copy()
+            self.nodes, self._index = copied.nodes, copied._index
+            return
         mapping = {ROOT: ROOT} if parent_map is None else dict(parent_map)
         for i, node in enumerate(other.nodes):
             mapping[i] = self.add(mapping[node.parent], node.token, node.source, node.score, node.raw)
@@ -88,46 +101,95 @@ class Tree:
         """Add ``other``'s nodes best-first until this tree holds ``budget`` nodes; a path that begins like one
         already here continues under it (merged nodes cost nothing)."""
         mapping = {ROOT: ROOT}
+        nodes, index = other.nodes, self._index
         for i in other.ranked():
-            node = other.nodes[i]
-            if node.parent not in mapping:  # its parent did not fit
+            node = nodes[i]
+            parent = mapping.get(node.parent)
+            if parent is None:  # its parent did not fit
                 continue
-            if len(self.nodes) >= budget and self.child(mapping[node.parent], node.token) is None:
+            if len(self.nodes) >= budget and (parent, node.token) not in index:
                 continue
-            mapping[i] = self.add(mapping[node.parent], node.token, node.source, node.score, node.raw)
+            mapping[i] = self.add(parent, node.token, node.source, node.score, node.raw)
 
     def ranked(self) -> list[int]:
         """Node indices best first; a parent always precedes its children (scores never rise along a path)."""
-        return sorted(range(len(self.nodes)), key=lambda i: (-self.nodes[i].score, self.nodes[i].depth, i))
+        order = sorted([(-n.score, n.depth, i) for i, n in enumerate(self.nodes)])
+        return [i for _, _, i in order]
 
     def select(self, budget: int) -> Tree:
         """The best ``budget`` nodes by score, as a new prefix-closed tree (ties go to shallower nodes)."""
         if budget >= len(self.nodes):
             return self
-        keep = sorted(self.ranked()[: max(budget, 0)])
+        return self.subtree(sorted(self.ranked()[: max(budget, 0)]))
+
+    def subtree(self, keep: Sequence[int]) -> Tree:
+        """A new tree of the nodes ``keep`` (increasing indices, closed under parents), in one pass."""
         new = Tree()
-        mapping = {ROOT: ROOT}
+        where = {ROOT: ROOT}
         for i in keep:
             node = self.nodes[i]
-            mapping[i] = new.add(mapping[node.parent], node.token, node.source, node.score, node.raw)
+            parent = where[node.parent]
+            where[i] = len(new.nodes)
+            new._index[(parent, node.token)] = len(new.nodes)
+            new.nodes.append(Node(node.token, parent, node.depth, node.source, node.score, node.raw))
         return new
+
+    def copy(self) -> Tree:
+        return self.rescored([n.score for n in self.nodes], [n.raw for n in self.nodes])
+
+    def rescored(self, scores: Sequence[float], raws: Sequence[float]) -> Tree:
+        """A copy with new node scores (the caller keeps them never above the parent's) and raw estimates: the
+        same shape, built in one pass."""
+        new = Tree()
+        new._index = dict(self._index)
+        new.nodes = [Node(n.token, n.parent, n.depth, n.source, s, r) for n, s, r in zip(self.nodes, scores, raws)]
+        return new
+
+    def truncate(self, n: int) -> None:
+        """Keep only the first ``n`` nodes (prefix-closed because nodes are topologically ordered)."""
+        if n < len(self.nodes):
+            del self.nodes[n:]
+            self._index = {key: i for key, i in self._index.items() if i < n}
+
+    def within(self, vocab: int) -> Tree:
+        """This tree without nodes whose token is not an id of a ``vocab``-token vocabulary, nor their subtrees
+        (a plugin's bad ids must never reach the model's embedding)."""
+        tokens = self.tokens()
+        if not tokens or (min(tokens) >= 0 and max(tokens) < vocab):
+            return self
+        kept: set[int] = {ROOT}
+        for i, node in enumerate(self.nodes):
+            if node.parent in kept and 0 <= node.token < vocab:
+                kept.add(i)
+        kept.discard(ROOT)
+        return self.subtree(sorted(kept))
 
     # --- what verification needs -------------------------------------------------------------------------
     def tokens(self) -> list[int]:
         return [n.token for n in self.nodes]
 
+    def parents(self) -> np.ndarray:
+        """Parent of each node as a row of the verified block (the root is row 0, node i is row i + 1)."""
+        return np.fromiter((n.parent + 1 for n in self.nodes), dtype=np.int64, count=len(self.nodes))
+
     def depths(self) -> np.ndarray:
         """Depth of each verified position, the root (depth 0) first."""
-        return np.array([0] + [n.depth for n in self.nodes], dtype=np.int64)
+        depths = np.zeros(len(self.nodes) + 1, dtype=np.int64)
+        depths[1:] = np.fromiter((n.depth for n in self.nodes), dtype=np.int64, count=len(self.nodes))
+        return depths
 
     def ancestor_mask(self) -> np.ndarray:
-        """Boolean ``[N+1, N+1]``: row i may attend to column j (j is i, or an ancestor of i; the root is 0)."""
+        """Boolean ``[N+1, N+1]``: row i may attend to column j (j is i, or an ancestor of i; the root is 0).
+        Built by walking every row up one level at a time: as many array steps as the tree is deep."""
         n = len(self.nodes) + 1
+        up = np.zeros(n, dtype=np.int64)
+        up[1:] = self.parents()
         mask = np.zeros((n, n), dtype=bool)
-        mask[0, 0] = True
-        for i, node in enumerate(self.nodes, start=1):
-            mask[i] = mask[node.parent + 1]
-            mask[i, i] = True
+        rows = np.arange(n)
+        at = rows.copy()
+        for _ in range(int(self.depths().max()) + 1):
+            mask[rows, at] = True
+            at = up[at]
         return mask
 
     def paths(self) -> list[list[int]]:

@@ -6,9 +6,12 @@ node's token, accepted or not, so the candidates the target rejected still teach
 table from the root with an unbalanced template (how many nodes each depth may hold, the greedy chain running
 deepest), scoring a path by the product of its probabilities: a real estimate, which the engine calibrates.
 
-The table lives on the model's device as two tensors. ``--adjacency-file`` keeps it across runs (safetensors:
-read on first use when it exists, written atomically by :meth:`AdjacencyRetriever.close`, which the proposer's
-``close()`` calls; an ``atexit`` hook calls it too, once, if nobody else did).
+The table lives on the host (a lookup is a walk of a few dozen small steps: Python, not device launches), as two
+CPU tensors with NumPy views. ``observe`` reads nothing back: the top-k of the verified rows is computed on the
+model's device and kept there, and the next lookup (or any reading of the table) brings every pending update over
+in ONE copy. ``--adjacency-file`` keeps the table across runs (safetensors: read on first use when it exists,
+written atomically by :meth:`AdjacencyRetriever.close`, which the proposer's ``close()`` calls; an ``atexit``
+hook calls it too, once, if nobody else did).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from graft_cli.tree import ROOT, Tree
@@ -30,15 +34,17 @@ DEFAULT_TEMPLATE = (8, 10, 8, 6, 5, 4, 4, 4, 3)  # nodes per depth: 52 nodes, de
 class AdjacencyRetriever:
     name = "recycling"
     stateless = True  # a lookup reads only the last token: safe on speculative contexts
+    max_pending = 32  # updates held on the device before they are brought over anyway (memory stays bounded)
 
-    def __init__(self, vocab_size: int, device: str = "cpu", k: int = 8,
-                 template: Sequence[int] = DEFAULT_TEMPLATE, path: str | None = None) -> None:
+    def __init__(self, vocab_size: int, k: int = 8, template: Sequence[int] = DEFAULT_TEMPLATE,
+                 path: str | None = None) -> None:
         if k < 1 or not template or min(template) < 1:
             raise ValueError("recycling needs k >= 1 and a template of positive widths")
         self.vocab_size, self.k, self.template = vocab_size, k, tuple(template)
-        self.device = torch.device(device)
-        self.tokens = torch.zeros((vocab_size, k), dtype=torch.int32, device=self.device)
-        self.probs = torch.zeros((vocab_size, k), dtype=torch.float32, device=self.device)
+        self._tokens = torch.zeros((vocab_size, k), dtype=torch.int32)
+        self._probs = torch.zeros((vocab_size, k), dtype=torch.float32)
+        self._arrays = (self._tokens.numpy(), self._probs.numpy())  # views of the same memory, for the walk
+        self._pending: list[tuple[list[int], torch.Tensor]] = []  # (fed tokens, device [n, 2k] ids | probs)
         self.path = Path(path).expanduser() if path else None
         self.updates = 0
         self._closed = False
@@ -46,6 +52,33 @@ class AdjacencyRetriever:
             if self.path.exists():
                 self.load(self.path)
             atexit.register(self.close)
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """``[V, k]`` successor ids (int32, on the host), pending updates applied."""
+        self._flush()
+        return self._tokens
+
+    @property
+    def probs(self) -> torch.Tensor:
+        """``[V, k]`` their probabilities (float32, on the host), pending updates applied."""
+        self._flush()
+        return self._probs
+
+    def _flush(self) -> None:
+        """Apply the updates observed on the device since the last flush: one device-to-host copy for all."""
+        if not self._pending:
+            return
+        packed = self._pending[0][1] if len(self._pending) == 1 else torch.cat([p for _, p in self._pending])
+        data, start = packed.cpu(), 0
+        for fed, update in self._pending:  # in order, and within a step a token's last row: later writes win
+            last = {token: row for row, token in enumerate(fed, start=start)}
+            block, start = data[list(last.values())], start + len(fed)
+            width = update.shape[1] // 2
+            rows = list(last)
+            self._tokens[rows, :width] = block[:, :width].to(torch.int32)  # exact: ids and float32 values
+            self._probs[rows, :width] = block[:, width:].to(torch.float32)  # travel as float64
+        self._pending = []
 
     # --- persistence ------------------------------------------------------------------------------------------
     def load(self, path: Path) -> None:
@@ -59,8 +92,8 @@ class AdjacencyRetriever:
         if tokens.shape[0] != self.vocab_size or tokens.shape != probs.shape:
             raise ValueError(f"adjacency file {path} is for a vocabulary of {tokens.shape[0]}, not {self.vocab_size}")
         k = min(self.k, tokens.shape[1])
-        self.tokens[:, :k] = tokens[:, :k].to(self.device, torch.int32)
-        self.probs[:, :k] = probs[:, :k].to(self.device, torch.float32)
+        self.tokens[:, :k] = tokens[:, :k].to(torch.int32)
+        self.probs[:, :k] = probs[:, :k].to(torch.float32)
 
     def save(self, path: Path) -> None:
         """Write to a temporary file beside ``path`` and rename it over: a crash never leaves half a table."""
@@ -70,7 +103,7 @@ class AdjacencyRetriever:
         fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
         os.close(fd)
         try:
-            save_file({"tokens": self.tokens.cpu().contiguous(), "probs": self.probs.cpu().contiguous()}, tmp,
+            save_file({"tokens": self.tokens.contiguous(), "probs": self.probs.contiguous()}, tmp,
                       metadata={"k": str(self.k), "vocab": str(self.vocab_size)})
             os.replace(tmp, path)
         finally:
@@ -91,7 +124,8 @@ class AdjacencyRetriever:
 
     @torch.inference_mode()
     def observe(self, step: Step) -> None:
-        """Row 0 of the logits is the root's distribution, row i + 1 node i's: each updates its token's row."""
+        """Row 0 of the logits is the root's distribution, row i + 1 node i's: each updates its token's row.
+        Device ops only, nothing read back; a token fed twice takes its last row (as a sequential write would)."""
         if step.logits is None or not len(step.accepted):
             return
         if len(step.context) <= len(step.accepted):
@@ -100,37 +134,35 @@ class AdjacencyRetriever:
         fed = [root, *step.tree.tokens()]
         if step.logits.shape[0] < len(fed):
             return
-        rows = step.logits[-len(fed) :]  # the prefill gives only its last row: the root's
-        probs = torch.softmax(rows[:, : self.vocab_size].float(), dim=-1)
+        probs = torch.softmax(step.logits[-len(fed) :, : self.vocab_size].float(), dim=-1)  # the prefill: 1 row
         values, ids = torch.topk(probs, min(self.k, probs.shape[-1]), dim=-1)
-        index = torch.tensor(fed, dtype=torch.long, device=self.device)
-        self.tokens[index, : ids.shape[1]] = ids.to(self.device, torch.int32)
-        self.probs[index, : values.shape[1]] = values.to(self.device)
+        self._pending.append((fed, torch.cat([ids.double(), values.double()], dim=1)))
         self.updates += 1
+        if len(self._pending) >= self.max_pending:
+            self._flush()
 
-    @torch.inference_mode()
     def retrieve(self, context: Sequence[int], budget: int) -> Tree:
         """Walk the table from the root: at each depth the best-scoring children of the last depth's nodes,
-        as many as the template allows, best first; the whole tree trimmed to ``budget``."""
+        as many as the template allows, best first; the whole tree trimmed to ``budget``.
+
+        A candidate's score is its path probability (0: no candidate, an empty table entry); ties go to the
+        better rank, then to the earlier parent."""
         tree = Tree()
         if budget <= 0 or not context:
             return tree
-        frontier = [(ROOT, int(context[-1]), 1.0)]  # (node, token, path probability)
+        self._flush()
+        table, chances = self._arrays
+        nodes, tokens, scores = [ROOT], np.array([int(context[-1])]), np.ones(1)
         for width in self.template:
-            if not frontier:
+            q = chances[tokens].T.astype(np.float64)  # [k, F]: rank-major, so a stable sort breaks ties by rank
+            candidates = np.where(q > 0, q * scores, 0.0).ravel()
+            order = np.argsort(-candidates, kind="stable")[:width]
+            order = order[candidates[order] > 0]
+            if not len(order):
                 break
-            index = torch.tensor([t for _, t, _ in frontier], dtype=torch.long, device=self.device)
-            tokens = self.tokens[index].tolist()
-            probs = self.probs[index].tolist()
-            candidates = []
-            for (node, _, score), succ, p in zip(frontier, tokens, probs):
-                for rank, (token, q) in enumerate(zip(succ, p)):
-                    if q > 0:
-                        candidates.append((score * q, rank, node, token))
-            candidates.sort(key=lambda c: (-c[0], c[1]))
-            frontier = []
-            for score, _, node, token in candidates[:width]:
-                frontier.append((tree.add(node, token, self.name, score), token, score))
+            parents, tokens, scores = order % len(nodes), table[tokens].T.ravel()[order], candidates[order]
+            nodes = [tree.add(nodes[p], t, self.name, s) for p, t, s in zip(parents.tolist(), tokens.tolist(),
+                                                                          scores.tolist())]
             if len(tree) >= budget * 2:  # enough to choose the budget's best from
                 break
         return tree.select(budget)
@@ -141,7 +173,6 @@ def make(env: RetrieverEnv) -> AdjacencyRetriever:
     template = opts.get("recycling.template")
     return AdjacencyRetriever(
         env.vocab_size,
-        env.device,
         k=int(opts.get("recycling.k", 8)),
         template=tuple(int(w) for w in template.split(",")) if template else DEFAULT_TEMPLATE,
         path=opts.get("adjacency_file") or None,

@@ -78,3 +78,57 @@ def test_plugins_list_reports_a_broken_plugin_without_failing(installed, capsys)
     out = capsys.readouterr().out
     assert e.value.code == 0
     assert '"name": "broken"' in out and '"ok": false' in out and '"name": "repeat"' in out
+
+
+class BadIds:
+    """A plugin that proposes ids outside the vocabulary (negative, = vocab, far beyond) next to good ones."""
+
+    name = "bad-ids"
+
+    def start(self, prompt):
+        pass
+
+    def observe(self, step):
+        pass
+
+    def retrieve(self, context, budget):
+        from graft_cli.tree import ROOT, Tree
+
+        tree = Tree()
+        good = tree.add(ROOT, 7, self.name, 0.9)
+        tree.add(good, -3, self.name, 0.9)  # a bad child under a good node
+        bad = tree.add(ROOT, 97, self.name, 0.9)
+        tree.add(bad, 7, self.name, 0.9)  # a good id under a bad one goes too
+        tree.add(ROOT, 10**9, self.name, 0.9)
+        return tree
+
+
+class Raises(BadIds):
+    name = "raises"
+
+    def retrieve(self, context, budget):
+        raise RuntimeError("lookup exploded")
+
+
+def test_out_of_vocabulary_ids_are_dropped_before_the_forward():
+    model = tiny_model(seed=0)
+    prompt = [7, 7, 7, 7, 7]
+    plain = [t for s in decode(Target(model), GraftProposer(0), prompt, Sampling(), 20, set()) for t in s]
+    proposer = GraftProposer(8, [BadIds()])
+    proposer.latency.points = {1: 1.0, 64: 1.0}  # verification is free: every candidate is kept
+    target = Target(model)
+    fed = []
+    verify = target.verify
+    target.verify = lambda root, tree, hidden=False: fed.append(tree.tokens()) or verify(root, tree, hidden)
+    assert [t for s in decode(target, proposer, prompt, Sampling(), 20, set()) for t in s] == plain
+    assert fed and all(tokens == [7] for tokens in fed)  # only the one good node, never its bad child
+
+
+def test_a_retriever_that_raises_is_dropped_with_one_warning(capsys):
+    model = tiny_model(seed=0)
+    prompt = [7, 7, 7, 7, 7]
+    plain = [t for s in decode(Target(model), GraftProposer(0), prompt, Sampling(), 20, set()) for t in s]
+    proposer = GraftProposer(8, [Raises(), BadIds()])
+    assert [t for s in decode(Target(model), proposer, prompt, Sampling(), 20, set()) for t in s] == plain
+    err = capsys.readouterr().err
+    assert err.count("retriever raises failed in retrieve()") == 1 and "lookup exploded" in err

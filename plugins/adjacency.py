@@ -41,8 +41,8 @@ class AdjacencyRetriever:
         if k < 1 or not template or min(template) < 1:
             raise ValueError("recycling needs k >= 1 and a template of positive widths")
         self.vocab_size, self.k, self.template = vocab_size, k, tuple(template)
-        self._tokens = torch.zeros((vocab_size, k), dtype=torch.int32)
-        self._probs = torch.zeros((vocab_size, k), dtype=torch.float32)
+        self._tokens = torch.zeros((vocab_size, k), dtype=torch.int32)  # host: the walk runs in NumPy
+        self._probs = torch.zeros((vocab_size, k), dtype=torch.float32)  # host
         self._arrays = (self._tokens.numpy(), self._probs.numpy())  # views of the same memory, for the walk
         self._pending: list[tuple[list[int], torch.Tensor]] = []  # (fed tokens, device [n, 2k] ids | probs)
         self.path = Path(path).expanduser() if path else None

@@ -348,15 +348,17 @@ class PeerRunner:
 
 # --- the run ---------------------------------------------------------------------------------------------------
 class Conversation:
-    """Prompt formatting and answer text for multi-turn questions (Spec-Bench puts each answer back)."""
+    """Prompt formatting and answer text for multi-turn questions (Spec-Bench puts each answer back); ``fit``
+    checks (or, with --truncate, cuts) every prompt against the model's limits (graft_cli/limits.py)."""
 
-    def __init__(self, tokenizer, stop: set[int]) -> None:
-        self.tokenizer, self.stop = tokenizer, stop
+    def __init__(self, tokenizer, stop: set[int], fit: Callable[[list[int]], list[int]] | None = None) -> None:
+        self.tokenizer, self.stop, self.fit = tokenizer, stop, fit
 
     def encode(self, messages: list[dict]) -> list[int]:
         from graft_cli.loading import encode
 
-        return encode(self.tokenizer, messages)
+        ids = encode(self.tokenizer, messages)
+        return self.fit(ids) if self.fit is not None else ids
 
     def text(self, tokens: list[int]) -> str:
         return self.tokenizer.decode([t for t in tokens if t not in self.stop], skip_special_tokens=True).strip()
@@ -703,6 +705,8 @@ class BenchOptions:
     warmup: bool = True
     plots: bool = True
     command: str = ""
+    device_map: str | dict | None = None  # accelerate's placement of a model larger than one GPU (--device-map)
+    truncate: str | None = None  # left or right: cut prompts that would reach past the model's limits
 
 
 def _git_commit() -> str | None:
@@ -851,7 +855,9 @@ class shared_models:
 
         self.original = loading.load_model
 
-        def load_model(spec, device="auto", dtype="auto"):
+        def load_model(spec, device="auto", dtype="auto", device_map=None):
+            if device_map is not None:  # a sharded model is the bench's own target, loaded once
+                return self.original(spec, device, dtype, device_map)
             key = (str(spec), str(device), str(dtype))
             if key not in self.cache:
                 item = self.original(spec, device, dtype)
@@ -895,16 +901,21 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         raise GraftError("hf-assisted needs a draft model: give --draft MODEL")
 
     err.print(f"graft bench: {len(questions)} questions ({', '.join(categories)}) from {path}")
-    loaded = load_model(opts.model, opts.device, opts.dtype)
-    draft_loaded = load_model(opts.draft, opts.device, opts.dtype) if opts.draft else None
+    loaded = load_model(opts.model, opts.device, opts.dtype, opts.device_map)
     device = loaded.device
+    # a sharded target's draft sits whole where the target's inputs go
+    draft_loaded = load_model(opts.draft, device if opts.device_map else opts.device, opts.dtype) if opts.draft else None
     dtype = str(next(loaded.model.parameters()).dtype).replace("torch.", "")
     with shared_models(loaded, draft_loaded):
         runners, specs = build_runners(specs, loaded, draft_loaded, opts.options, explicit,
                                        lambda m: err.print(f"graft: {m}"), opts.method_opts)
     names = [s.name for s in specs]
     stop = stop_ids(loaded)
-    conv = Conversation(loaded.tokenizer, stop)
+    depth = max(reach_depth(s, opts, draft_loaded, device) for s in specs)
+    limits = loaded.limits
+    conv = Conversation(loaded.tokenizer, stop, lambda ids: limits.fit(ids, opts.max_new_tokens, depth, opts.truncate))
+    if opts.truncate is None:
+        check_reach(questions, Conversation(loaded.tokenizer, stop), limits, opts.max_new_tokens, depth)
 
     checksum = model_checksum(loaded.path)
     draft_checksum = model_checksum(draft_loaded.path) if draft_loaded else None
@@ -913,6 +924,8 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     env = environment(device)
     common = {"model": checksum, "dataset": data_sha, "max_new_tokens": opts.max_new_tokens, "device": device,
               "dtype": dtype, "threads": env["device"]["torch_threads"]}
+    if opts.truncate:  # cut prompts are other prompts
+        common["truncate"] = opts.truncate
     fingerprints = {}
     for s in specs:
         parts = dict(common, spec=s.as_dict())
@@ -1012,6 +1025,8 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         "method_opts": opts.method_opts,
         "variants": {name: {"method": v.method, **v.opts} for name, v in opts.variants.items()},
         "dtype": dtype,
+        "device_map": opts.device_map,
+        "truncate": opts.truncate,
         "sampling": "greedy",
         "warmup": opts.warmup,
         "interleaving": "question by question, method order rotating by one per question",
@@ -1065,6 +1080,33 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     for d in mismatches:
         err.print(f"graft: error: {describe(d, lossless['tie_tolerance'])}", highlight=False)
     return 1 if mismatches or failed else 0
+
+
+def reach_depth(spec: MethodSpec, opts: BenchOptions, draft_loaded, device: str) -> int:
+    """How far past the prompt and its answer a method's last forward reaches: its deepest tree, or the tokens a
+    transformers peer looks ahead."""
+    from graft_cli.limits import tree_reach
+
+    if spec.kind == "engine":
+        return tree_reach(method_config(spec, opts.options, opts.draft, opts.method_opts), device)
+    if spec.method == "hf-assisted" and draft_loaded is not None:
+        return int(getattr(draft_loaded.model.generation_config, "num_assistant_tokens", 20) or 20)
+    return HF_PLD_TOKENS if spec.method == "hf-pld" else 0
+
+
+def check_reach(questions: Sequence[Question], conv: Conversation, limits, max_new_tokens: int, depth: int) -> None:
+    """Before any forward: every question's last turn, each earlier answer counted at its longest, fits the model
+    (a GraftError naming the question otherwise)."""
+    for q in questions:
+        messages: list[dict] = []
+        for text in q.turns:
+            messages += [{"role": "user", "content": text}, {"role": "assistant", "content": ""}]
+        ids = conv.encode(messages[:-1]) + [0] * (max_new_tokens * (len(q.turns) - 1))
+        try:
+            limits.fit(ids, max_new_tokens, depth)
+        except GraftError as e:
+            answers = " (earlier answers counted at --max-new-tokens each)" if len(q.turns) > 1 else ""
+            raise GraftError(f"question {q.question_id}{answers}: {e}") from None
 
 
 def _lean(record: dict) -> dict:

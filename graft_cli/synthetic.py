@@ -35,8 +35,10 @@ def tiny_config(kind: str = "llama", vocab: int = VOCAB, init: float = 0.3, laye
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=None,
-    ) | extra
-    return LlamaConfig(**common) if kind == "llama" else Qwen2Config(**common, use_sliding_window=False)
+    )
+    if kind == "llama":
+        return LlamaConfig(**common | extra)
+    return Qwen2Config(**common | {"use_sliding_window": False} | extra)
 
 
 def tiny_model(kind: str = "llama", seed: int = 0, vocab: int = VOCAB, init: float = 0.3, layers: int = 2, **extra):

@@ -11,7 +11,6 @@ import torch
 from safetensors.torch import save_file
 from transformers import Gemma2Config, Gemma3TextConfig, MistralConfig, Qwen2Config, Qwen3NextConfig
 
-from graft_cli.cli import main
 from graft_cli.engine import decode
 from graft_cli.errors import GraftError
 from graft_cli.graft import GraftProposer
@@ -20,17 +19,14 @@ from graft_cli.methods import MethodConfig
 from graft_cli.sampling import Sampling
 from graft_cli.synthetic import VOCAB, OracleTreeProposer, save_model_dir, tiny_model, word_tokenizer
 from graft_cli.target import Target
+from tests.test_cli import run_main
 
 SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
              num_key_value_heads=1, head_dim=16, max_position_embeddings=256)
 
 
 def run_cli(argv, capsys):
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
+    return run_main(argv, capsys)
 
 
 def test_fit_refuses_with_the_numbers_or_cuts_either_end():

@@ -50,3 +50,18 @@ def test_bad_device_maps_are_one_line_errors():
     for text, message in (("everywhere", "unknown --device-map"), ("{nope", "invalid JSON"), ("{}", "JSON object")):
         with pytest.raises(GraftError, match=message):
             parse_device_map(text)
+
+
+def test_generate_with_a_device_map_prints_the_same_text(model_dir, capsys):
+    import json
+
+    from tests.test_cli import run_main
+
+    argv = ["generate", "--model", str(model_dir), "--raw", "--prompt", "t1 t2 t3 t1 t2", "--method", "pld", "-n", "12"]
+    code, whole, err = run_main(argv, capsys)
+    assert code == 0, err
+    offload = json.dumps(PLACED | {"model.layers.0": "disk"})
+    code, sharded, err = run_main(argv + ["--device-map", offload], capsys)
+    assert code == 0 and sharded == whole, err
+    code, _, err = run_main(argv + ["--device-map", "everywhere"], capsys)
+    assert code == 2 and "unknown --device-map" in err

@@ -4,7 +4,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PIP := $(VENV)/bin/pip
 GRAFT := $(VENV)/bin/graft
-# The CPU build of torch (pip would otherwise pull a multi-GB CUDA build); machines with CUDA get the normal one.
+# The CPU build of torch (pip would otherwise pull a multi-GB CUDA build) and faiss-cpu; machines with CUDA get the
+# normal torch and faiss-gpu-cu12 (the `cuda` extra: never both FAISS wheels, they install the same module).
 TORCH_CPU ?= torch==2.13.0
 STDLIB := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['stdlib'])")
 
@@ -13,8 +14,8 @@ STDLIB := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['s
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-		$(PIP) install -q torch; else $(PIP) install -q $(TORCH_CPU); fi
-	$(PIP) install -q -e '.[dev]'
+		$(PIP) install -q torch && $(PIP) install -q -e '.[dev,cuda]'; \
+	else $(PIP) install -q $(TORCH_CPU) && $(PIP) install -q -e '.[dev,cpu]'; fi
 	touch $@
 
 install: $(VENV)/.installed

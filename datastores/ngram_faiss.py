@@ -189,7 +189,7 @@ def write_ngram_files(
     directory: Path, tokens_path: Path, vocab_size: int, model_dir: Path, params: dict[str, Any], progress: Any = None
 ) -> tuple[dict, list[str]]:
     """Build the n-gram table and its FAISS index from ``tokens_path``; return ``(index info, file names)``."""
-    import faiss
+    faiss = import_faiss()
 
     from datastores.embeddings import load_embeddings
 
@@ -295,9 +295,26 @@ def write_ngram_files(
     return info, ["ctx.u32", "next.u32", "count.u32", "total.u32", "hash.u64", "embed.f32", "index.faiss"]
 
 
+def import_faiss():
+    """FAISS from either wheel: faiss-cpu (``pip install 'graft-sd[cpu]'``) or faiss-gpu-cu12 (``[cuda]``), which
+    both provide the module ``faiss`` and so must never be installed together."""
+    try:
+        import faiss
+    except ImportError:
+        raise DatastoreError("n-gram datastores need FAISS: pip install 'graft-sd[cpu]' (faiss-cpu), or "
+                             "'graft-sd[cuda]' (faiss-gpu-cu12) on a CUDA machine") from None
+    return faiss
+
+
+def _gpu_of(device: str) -> int:
+    """The GPU number of a torch device name (``cuda`` is GPU 0, ``cuda:1`` GPU 1)."""
+    _, _, number = device.partition(":")
+    return int(number) if number.isdigit() else 0
+
+
 class _NgramShard:
     def __init__(self, directory: Path, manifest: dict, device: str = "cpu") -> None:
-        import faiss
+        faiss = import_faiss()
 
         info, params = manifest["index"], manifest["params"]
         self.n, self.k = int(params["n"]), int(params["top_k"])
@@ -339,11 +356,11 @@ class _NgramShard:
         except (RuntimeError, AttributeError):
             if hasattr(self.index, "hnsw"):
                 self.index.hnsw.efSearch = max(16, 4 * nprobe)
-        if device.startswith("cuda") and hasattr(faiss, "StandardGpuResources"):
+        if device.startswith("cuda") and hasattr(faiss, "StandardGpuResources"):  # faiss-gpu: the model's GPU
             try:
-                if faiss.get_num_gpus() > 0:
+                if faiss.get_num_gpus() > _gpu_of(device):
                     self._res = faiss.StandardGpuResources()
-                    self.index = faiss.index_cpu_to_gpu(self._res, 0, self.index)
+                    self.index = faiss.index_cpu_to_gpu(self._res, _gpu_of(device), self.index)
             except (RuntimeError, AttributeError):
                 pass  # stay on the CPU
 

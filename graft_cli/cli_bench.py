@@ -30,6 +30,8 @@ def bench(
     variant: list[str] = typer.Option([], "--variant", help="'NAME=METHOD FIELD=VALUE ...': an engine method with settings of its own, run as NAME when --methods lists it, e.g. 'deep=graft depth=14 prune_at=floor:0.3' (repeatable)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
+    device_map: Optional[str] = typer.Option(None, "--device-map", help="Shard a target larger than one GPU through accelerate: auto (GPUs, then CPU, then disk), balanced, sequential, or a JSON object of module to device."),
+    truncate: Optional[str] = typer.Option(None, "--truncate", help="left or right: cut a prompt that would reach past the model's positions or attention window (default: refuse it)."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice)."),
     out: Path = typer.Option(Path("bench-results"), "--out", "-o", help="Directory for results.json, answers/, runs.jsonl and plots."),
     shard: Optional[str] = typer.Option(None, "--shard", help="K/N: run only questions K, K+N, K+2N, ... (from 0), writing OUT/runs.K-of-N.jsonl; run the N shards side by side (one per core or GPU), then --report-only merges them."),
@@ -41,6 +43,8 @@ def bench(
     """Benchmark every method side by side: speedup and tau per category, lossless check, Spec-Bench answer files."""
     from graft_cli.bench import BenchOptions, run_bench
     from graft_cli.cli_generate import _options
+    from graft_cli.limits import parse_truncate
+    from graft_cli.loading import parse_device_map
     from graft_cli.profile import parse_budget
 
     if budget is not None and budgets is not None:
@@ -71,6 +75,8 @@ def bench(
         warmup=warmup,
         plots=plots,
         command=_command_line(ctx),
+        device_map=parse_device_map(device_map),
+        truncate=parse_truncate(truncate),
     )
     if threads is not None:
         import torch

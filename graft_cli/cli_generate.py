@@ -41,10 +41,13 @@ def generate(
     seed: Optional[int] = typer.Option(None, "--seed", help="Same seed, same text."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
+    device_map: Optional[str] = typer.Option(None, "--device-map", help="Shard a model larger than one GPU through accelerate: auto (GPUs, then CPU, then disk), balanced, sequential, or a JSON object of module to device."),
+    truncate: Optional[str] = typer.Option(None, "--truncate", help="left or right: cut a prompt that would reach past the model's positions or attention window (default: refuse it)."),
     stats: bool = typer.Option(False, "--stats", help="Print decoding statistics to stderr."),
 ) -> None:
     """Generate text from a prompt, losslessly faster."""
-    from graft_cli.loading import load_model
+    from graft_cli.limits import parse_truncate
+    from graft_cli.loading import load_model, parse_device_map
     from graft_cli.methods import MethodConfig
     from graft_cli.sampling import Sampling
 
@@ -70,9 +73,10 @@ def generate(
     config = MethodConfig(method, parse_budget(budget), retrievers.split(",") if retrievers else None, options, draft,
                           depth=depth, draft_top_k=draft_top_k, prune_at=prune_at, chain=chain, rope_theta=rope_theta,
                           draft_vocab=draft_vocab)
-    loaded = load_model(model, device, dtype)
+    truncate = parse_truncate(truncate)
+    loaded = load_model(model, device, dtype, parse_device_map(device_map))
     session = _Session(loaded, config, sampling, max_new_tokens, seed)
-    session.raw = raw
+    session.raw, session.truncate = raw, truncate
     try:
         if jsonl:
             _run_jsonl(session, lines, raw, stats)
@@ -110,10 +114,12 @@ class _Session:
 
     def __init__(self, loaded, config, sampling, max_new_tokens: int, seed: int | None) -> None:
         from graft_cli import methods
+        from graft_cli.limits import tree_reach
         from graft_cli.loading import stop_ids
         from graft_cli.target import Target
 
         self.loaded, self.sampling, self.max_new_tokens = loaded, sampling, max_new_tokens
+        self.limits, self.depth, self.truncate = loaded.limits, tree_reach(config, loaded.device), None
         self.seed = seed if seed is not None else random.randrange(2**31)
         self.target = Target(loaded.model)
         self.proposer = methods.build(config, loaded)
@@ -129,6 +135,7 @@ class _Session:
         from graft_cli.stats import Stats
 
         ids = encode(self.loaded.tokenizer, prompt, self.raw if raw is None else raw)
+        ids = self.limits.fit(ids, self.max_new_tokens, self.depth, self.truncate)  # before any forward
         generator = torch.Generator(device=self.target.device).manual_seed(self.seed)
         stats = Stats()
         text = _Detokenizer(self.loaded.tokenizer, self.stop)

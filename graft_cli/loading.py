@@ -1,11 +1,17 @@
 """Loading a model and its tokenizer for generation: device and dtype choice, chat formatting, stop tokens.
 
 Nothing here reaches the network: models come from the local catalog or a local path.
+
+``device_map`` (``--device-map auto``) shards a model larger than one GPU through accelerate: its layers spread
+over the visible GPUs, then the CPU, then disk. Inputs go to the input embedding's device (``Loaded.device``,
+``Target.device``), each layer's KV cache lives where the layer runs, and logits come back to the input device.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +22,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch  # noqa: E402
 
 from graft_cli.errors import GraftError  # noqa: E402
+from graft_cli.limits import Limits, limits  # noqa: E402
+
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
 @dataclass
@@ -27,7 +36,14 @@ class Loaded:
 
     @property
     def device(self) -> str:
-        return str(next(self.model.parameters()).device)
+        """Where inputs go: the input embedding's device (the only one unless the model is sharded)."""
+        from graft_cli.target import input_device
+
+        return str(input_device(self.model))
+
+    @property
+    def limits(self) -> Limits:
+        return limits(self.model.config)
 
 
 def pick_device(device: str) -> str:
@@ -52,9 +68,28 @@ def pick_dtype(dtype: str, device: str) -> torch.dtype:
     return table[dtype]
 
 
-def load_model(spec: str, device: str = "auto", dtype: str = "auto") -> Loaded:
-    """A catalog name or a local path (HF directory or .gguf) to a ready model on ``device``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def parse_device_map(text: str | None) -> str | dict | None:
+    """``--device-map``: accelerate's auto, balanced, balanced_low_0 or sequential, or a JSON object of module
+    name to device (``{"model.layers.0": 0, "model.layers.1": "cpu", ...}``)."""
+    if text is None or isinstance(text, dict):
+        return text
+    if text.strip().startswith("{"):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise GraftError(f"--device-map: invalid JSON ({e.msg})") from None
+        if not isinstance(value, dict) or not value:
+            raise GraftError("--device-map: expected a JSON object of module name to device")
+        return value
+    if text not in DEVICE_MAPS:
+        raise GraftError(f"unknown --device-map '{text}' (use {', '.join(DEVICE_MAPS)} or a JSON object)")
+    return text
+
+
+def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map: str | dict | None = None) -> Loaded:
+    """A catalog name or a local path (HF directory or .gguf) to a ready model on ``device``, or sharded by
+    ``device_map`` (accelerate's placement; see the module docstring)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from graft_cli.catalog import resolve_model
@@ -63,14 +98,25 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto") -> Loaded:
 
     device = pick_device(device)
     torch_dtype = pick_dtype(dtype, device)
+    device_map = parse_device_map(device_map)
     path = resolve_model(spec)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa")
-    except Exception as e:  # corrupt weights, missing files, unsupported architecture
+        config = AutoConfig.from_pretrained(path)
+    except Exception as e:
         raise GraftError(f"cannot load model from {path}: {_first_line(e)}") from e
-    model.to(device).eval()
-    if device == "cpu":
+    limits(config)  # refuses layers that are not attention before a weight is read
+    placement = {}
+    if device_map is not None:  # weights that fit nowhere else go to disk, under the temp directory
+        placement = dict(device_map=device_map, offload_folder=os.path.join(tempfile.gettempdir(), "graft-offload"))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa", **placement)
+    except Exception as e:  # corrupt weights, missing files, unsupported architecture, a bad device map
+        raise GraftError(f"cannot load model from {path}: {_first_line(e)}") from e
+    if device_map is None:
+        model.to(device)
+    model.eval()
+    if device == "cpu" and device_map is None:  # accelerate's hooks own a sharded model's modules: leave them be
         cpu_kernels(model)
     return Loaded(model, tokenizer, Path(path), spec)
 

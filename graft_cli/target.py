@@ -23,10 +23,20 @@ class Forward:
     hidden: tuple[torch.Tensor, ...] | None  # per-layer hidden states [T, H] when asked for
 
 
+def input_device(model: torch.nn.Module) -> torch.device:
+    """Where a model's inputs go: its input embedding's device. A model sharded by accelerate (``--device-map``)
+    may have it offloaded (weights on ``meta``): then the device its hook runs it on."""
+    embed = model.get_input_embeddings()
+    device = embed.weight.device
+    if device.type == "meta":
+        device = torch.device(getattr(getattr(embed, "_hf_hook", None), "execution_device", None) or "cpu")
+    return device
+
+
 class Target:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        self.device = next(model.parameters()).device
+        self.device = input_device(model)
         self.dtype = next(model.parameters()).dtype
         self.cache = DynamicCache(config=model.config)
         self.length = 0  # tokens held in the cache
@@ -88,10 +98,13 @@ class Target:
         """
         past = self.length - fed
         if rows != list(range(len(rows))):  # not a prefix of the fed block: move the accepted entries down
-            index = torch.tensor([past + r for r in rows], device=self.device)
-            for layer in self.cache.layers:
-                layer.keys[:, :, past : past + len(rows)] = layer.keys.index_select(2, index)
-                layer.values[:, :, past : past + len(rows)] = layer.values.index_select(2, index)
+            index = {self.device: torch.tensor([past + r for r in rows], device=self.device)}
+            for layer in self.cache.layers:  # a sharded model's layers keep their caches on their own devices
+                at = layer.keys.device
+                if at not in index:
+                    index[at] = index[self.device].to(at)
+                layer.keys[:, :, past : past + len(rows)] = layer.keys.index_select(2, index[at])
+                layer.values[:, :, past : past + len(rows)] = layer.values.index_select(2, index[at])
         if fed > len(rows):
             self.cache.crop(len(rows) - fed)
         self.length = past + len(rows)
@@ -108,7 +121,8 @@ class Target:
         finally:
             self.model.set_attn_implementation("sdpa")
 
-    @staticmethod
-    def _forward(out, hidden: bool) -> Forward:
-        states = tuple(h[0] for h in out.hidden_states) if hidden else None
-        return Forward(out.logits[0], states)
+    def _forward(self, out, hidden: bool) -> Forward:
+        """Logits and hidden states on the input device (a sharded model's last layers may sit elsewhere;
+        ``.to`` is free when they do not)."""
+        states = tuple(h[0].to(self.device) for h in out.hidden_states) if hidden else None
+        return Forward(out.logits[0].to(self.device), states)

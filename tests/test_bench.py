@@ -85,8 +85,8 @@ class FakeConv(Conversation):
 
 
 class FakeRunner:
-    def __init__(self, name, wrong_on=None, speed=1.0, log=None):
-        self.name, self.wrong_on, self.speed, self.log = name, wrong_on, speed, log
+    def __init__(self, name, wrong_on=None, speed=1.0, log=None, margins=None):
+        self.name, self.wrong_on, self.speed, self.log, self.margins = name, wrong_on, speed, log, margins
 
     def run(self, ids, max_new_tokens):
         if self.log is not None:
@@ -95,7 +95,7 @@ class FakeRunner:
         if self.wrong_on is not None and ids[0] == self.wrong_on:
             tokens[2] += 1
         return Turn(tokens, max_new_tokens / self.speed, [2] * (max_new_tokens // 2), max_new_tokens // 2,
-                    {"prompt": 4}, {"prompt": 2, "bonus": 2}, {"verify": 0.5}, 10.0)
+                    {"prompt": 4}, {"prompt": 2, "bonus": 2}, {"verify": 0.5}, 10.0, margins=self.margins)
 
 
 QUESTIONS = [Question(1, "a", ["one", "two!"]), Question(2, "a", ["three"]), Question(3, "b", ["four"])]
@@ -126,7 +126,31 @@ def test_mismatch_is_found_with_its_question_id():
     records = bench.execute(QUESTIONS, runners, FakeConv(), 5)
     mismatches = bench.check_lossless(records)
     assert mismatches == [{"question_id": 2, "category": "a", "method": "bad", "turn": 1, "position": 2,
-                           "tokens": 5, "ar_tokens": 5}]
+                           "tokens": 5, "ar_tokens": 5, "ar_margin": None, "tie": False}]
+
+
+@pytest.mark.parametrize("margin, tie", [(0.01, True), (0.7, True), (2.0, False)])
+def test_a_difference_where_ar_was_nearly_tied_is_a_tie_not_a_failure(margin, tie):
+    """bf16 (tolerance 1.5): a flip where ar's top two logits were 0.01 or 0.7 apart is a floating-point tie,
+    counted with its margin; where they were 2.0 apart it is a real mismatch and fails."""
+    margins = [9.0, 9.0, margin, 9.0, 9.0]
+    runners = [FakeRunner("ar", margins=margins), FakeRunner("good"), FakeRunner("bad", wrong_on=len("three"))]
+    records = bench.execute(QUESTIONS, runners, FakeConv(), 5)
+    report = bench.report(records, "bfloat16")
+    found = (report["ties"] if tie else report["mismatches"])
+    assert report["ok"] is tie and report["tie_tolerance"] == 1.5
+    assert [(d["method"], d["question_id"], d["position"], d["ar_margin"]) for d in found] == [("bad", 2, 2, margin)]
+    assert len(report["ties"] + report["mismatches"]) == 1
+    assert not bench.report(records, "float32")["ok"]  # fp32's tolerance (1e-3) is tight
+
+
+def test_first_difference_never_calls_a_length_difference_a_tie():
+    from graft_cli.lossless import first_difference
+
+    assert first_difference([1, 2, 3], [1, 2, 3], None, 1.0) is None
+    assert first_difference([1, 2], [1, 2, 3], [0.0, 0.0, 0.0], 1.0).tie is False
+    diff = first_difference([1, 5, 3], [1, 2, 3], [3.0, 0.25, 3.0], 0.5)
+    assert (diff.position, diff.margin, diff.tie) == (1, 0.25, True)
 
 
 class BrokenRunner(FakeRunner):
@@ -354,7 +378,8 @@ def test_cli_bench_end_to_end_on_a_tiny_model(tiny_dir, tmp_path, capsys, monkey
     assert code == 0, stderr
     assert "overall" in stdout and "hf-pld" in stdout and "tok/s" in stdout
     results = json.loads((out / "results.json").read_text())
-    assert results["schema"] == 1 and results["complete"] and results["lossless"] == {"ok": True, "mismatches": []}
+    assert results["schema"] == 1 and results["complete"] and results["lossless"] == {
+        "ok": True, "tie_tolerance": 1e-3, "dtype": "float32", "mismatches": [], "ties": []}
     config = results["config"]
     assert [m["name"] for m in config["methods"]] == ["ar", "pld", "hf", "hf-pld", "hf-assisted"]
     assert config["draft"]["checksum"] == config["model"]["checksum"]
@@ -436,6 +461,21 @@ def test_cli_bench_mismatch_exits_1_after_writing_results(tiny_dir, tmp_path, ca
     results = json.loads((out / "results.json").read_text())
     assert results["lossless"]["ok"] is False
     assert results["lossless"]["mismatches"][0]["question_id"] == 2
+    assert results["lossless"]["mismatches"][0]["ar_margin"] > 1e-3  # a real difference, not a tie
+
+    # the same flip where ar's top two logits were tied is a floating-point tie: shown, counted, exit 0
+    from graft_cli.lossless import MarginTarget
+
+    monkeypatch.setattr(MarginTarget, "margins", lambda self: [0.0] * len(self._margins))
+    code, stdout, stderr = run_cli(["bench", "--model", str(tiny_dir), "--dataset", str(_dataset(tmp_path)),
+                                    "--categories", "code", "--limit", "1", "--max-new-tokens", "4", "--methods",
+                                    "ar,hf", "--out", str(out), "--no-warmup", "--no-plots"], capsys)
+    assert code == 0, stderr
+    assert "floating-point tie: hf differs from ar on question 2" in stderr
+    assert "0 mismatches, 1 floating-point ties" in stdout
+    results = json.loads((out / "results.json").read_text())
+    assert results["lossless"]["ok"] and results["lossless"]["ties"][0]["ar_margin"] == 0.0
+    assert "margins" in json.loads((out / "runs.jsonl").read_text().splitlines()[0])["turns"][0]
 
 
 def test_shared_models_hands_out_the_loaded_copy(tiny_dir):

@@ -11,40 +11,8 @@ from graft_cli.graft import GraftProposer
 from graft_cli.sampling import Sampling
 from graft_cli.stats import Stats
 from graft_cli.target import Target
-from graft_cli.tree import ROOT, Tree
-from tests.tiny import VOCAB, StaticProposer, tiny_model
-
-
-class OracleTreeProposer(StaticProposer):
-    """Random trees that hide the true continuation (known from a plain run) at random places, sometimes
-    corrupted, among random siblings: deep, wide and degenerate shapes all occur."""
-
-    def __init__(self, truth: list[int], prompt_len: int, seed: int, shape: str = "mixed") -> None:
-        self.truth, self.prompt_len, self.shape = truth, prompt_len, shape
-        self.rng = np.random.default_rng(seed)
-
-    def propose(self, context, stats) -> Tree:
-        rng, tree = self.rng, Tree()
-        done = len(context) - self.prompt_len
-        future = self.truth[done:]
-        shape = self.shape if self.shape != "mixed" else rng.choice(["deep", "wide", "empty", "random"])
-        if shape == "empty":
-            return tree
-        if shape == "wide":
-            for _ in range(int(rng.integers(1, 60))):
-                tree.add(ROOT, int(rng.integers(VOCAB)), "w", float(rng.random()))
-        if shape in ("random", "wide"):
-            for _ in range(int(rng.integers(1, 30))):
-                parent = ROOT if not len(tree) or rng.random() < 0.3 else int(rng.integers(len(tree)))
-                tree.add(parent, int(rng.integers(VOCAB)), "r", float(rng.random()))
-        path = list(future[: int(rng.integers(0, 40 if shape == "deep" else 8))])
-        if path and rng.random() < 0.3:  # a wrong token somewhere along the true path
-            path[int(rng.integers(len(path)))] = int(rng.integers(VOCAB))
-        parent = ROOT
-        if len(tree) and rng.random() < 0.5:  # hang it under a random node too (usually wrong)
-            tree.add_path(path, [0.5] * len(path), "oracle", int(rng.integers(len(tree))))
-        tree.add_path(path, [0.5] * len(path), "oracle", parent)
-        return tree
+from graft_cli.tree import Tree
+from tests.tiny import VOCAB, OracleTreeProposer, tiny_model
 
 
 def run(model, proposer, prompt, n, sampling=Sampling(), stop=frozenset(), seed=0, stats=None):

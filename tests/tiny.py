@@ -1,45 +1,6 @@
-"""Tiny randomly initialised Llama and Qwen2 models built from configs (no downloads), for engine tests.
+"""The tiny models and test proposers the engine tests use; they live in graft_cli/synthetic.py so that
+benchmarks/gpu_check.py builds the same ones without importing from tests/."""
 
-A large initializer range makes their next-token distributions peaked, so greedy ties (which float noise between
-batched and one-token forwards could flip) practically never occur.
-"""
+from graft_cli.synthetic import VOCAB, OracleTreeProposer, StaticProposer, tiny_model
 
-from __future__ import annotations
-
-import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
-
-VOCAB = 97
-
-
-def tiny_model(kind: str = "llama", seed: int = 0, vocab: int = VOCAB, init: float = 0.3):
-    torch.manual_seed(seed)
-    common = dict(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=init,
-        tie_word_embeddings=False,
-        attn_implementation="sdpa",
-        bos_token_id=None,
-        eos_token_id=None,  # no stop token unless a test asks for one
-        pad_token_id=None,
-    )
-    config = LlamaConfig(**common) if kind == "llama" else Qwen2Config(**common, use_sliding_window=False)
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-
-
-class StaticProposer:
-    """Base of test proposers whose trees come from ``propose`` alone: they learn nothing from verification."""
-
-    wants_hidden = False
-
-    def start(self, prompt, prefill) -> None:
-        pass
-
-    def observe(self, step) -> None:
-        pass
+__all__ = ["VOCAB", "OracleTreeProposer", "StaticProposer", "tiny_model"]

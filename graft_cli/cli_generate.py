@@ -122,17 +122,14 @@ class _Session:
         self.last_text = ""
 
     def run(self, prompt, stream: bool, raw: bool | None = None):
-        import torch
-
         from graft_cli.engine import decode
         from graft_cli.loading import encode
         from graft_cli.stats import Stats
 
         ids = encode(self.loaded.tokenizer, prompt, self.raw if raw is None else raw)
-        generator = torch.Generator(device=self.target.device).manual_seed(self.seed)
         stats = Stats()
         text = _Detokenizer(self.loaded.tokenizer, self.stop)
-        steps = decode(self.target, self.proposer, ids, self.sampling, self.max_new_tokens, self.stop, generator, stats)
+        steps = decode(self.target, self.proposer, ids, self.sampling, self.max_new_tokens, self.stop, self.seed, stats)
         for piece in text.feed(steps):
             if stream:
                 sys.stdout.write(piece)

@@ -150,7 +150,7 @@ def build(
     field: List[str] = typer.Option([], "--field", help="JSONL/Parquet field to index, dotted (repeatable; default: messages, text, or every string field)."),
     ext: List[str] = typer.Option([], "--ext", help="Only these file extensions in directories (repeatable; default: text, markdown and code)."),
     stdin_format: str = typer.Option("auto", "--stdin-format", help="For '-': auto, jsonl or text."),
-    jobs: int = typer.Option(0, "--jobs", "-j", help="Tokenizer processes (default: all cores)."),
+    jobs: int = typer.Option(0, "--jobs", "-j", help="Tokenizer processes (0: one per core).", show_default="all cores"),
     shard: Optional[str] = typer.Option(None, "--shard", help="Build only shard I/N (I from 0) of the store, e.g. one per machine."),
     force: bool = typer.Option(False, "--force", help="Replace an existing store (or shard)."),
     ngram_n: Optional[int] = typer.Option(None, "--n", help="ngram: context length (3)."),

@@ -11,14 +11,17 @@ one-token forward only streams it. The remedy, measured (docs/benchmarks.md, "CP
 - inputs of 1-3 rows are padded to 4: oneDNN's kernels for fewer rows over a packed weight run slower than 4
   rows (2 rows cost 1.3 one-row forwards, 4 rows 1.0).
 
-The packed copy costs as much memory as the weights (mmapped safetensors are shared page cache; the copy is not),
-so a model is packed only when the machine has room for it; otherwise its layers run oneDNN over the plain
-weight. The summation order changes in the last bits, as it already did between MKL's kernels for different row
+The packed copy costs as much memory as the weights, so a model is packed only when the machine has room for the
+copy; otherwise its layers run oneDNN over the plain weight. Once packed, a layer's plain weight is released
+(nothing reads it again: the forward uses the packed copy), unless another module shares it (tied input
+embeddings), so a packed model holds its linear weights once, not twice: the Qwen2.5-Coder 1.5B + 0.5B pair
+peaked at 16.5 GB with both copies. The summation order changes in the last bits, as it already did between MKL's kernels for different row
 counts; greedy outputs stay identical to plain decoding in the same process, which is what the tests check.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from functools import cache
 from pathlib import Path
 
@@ -68,10 +71,13 @@ def use_cpu_linears(model: nn.Module, pack: bool | None = None) -> None:
     if pack is None:
         need = sum(m.weight.numel() * m.weight.element_size() for m in layers)
         pack = need <= MEMORY_SHARE * available_memory()
+    uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     for module in layers:
         module.__class__ = CpuLinear
         if pack:
             module.packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PACK_BATCH)
+            if uses[id(module.weight)] == 1:  # not tied to an embedding: the packed copy replaces it
+                module.weight = nn.Parameter(module.weight.new_empty((0, module.in_features)), requires_grad=False)
 
 
 def available_memory() -> int:

@@ -66,11 +66,7 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto") -> Loaded:
     path = resolve_model(spec)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        # On a CPU the weights are read into memory rather than mapped: the packed CPU kernels then release each
-        # plain weight as they copy it (graft_cli/cpu_linear.py), where mapped file pages would stay resident
-        # until the last weight of the file was released, doubling the peak.
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa",
-                                                     disable_mmap=device == "cpu")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa")
     except Exception as e:  # corrupt weights, missing files, unsupported architecture
         raise GraftError(f"cannot load model from {path}: {_first_line(e)}") from e
     model.to(device).eval()

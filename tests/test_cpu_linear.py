@@ -63,3 +63,16 @@ def test_random_trees_stay_lossless_through_the_cpu_kernels(kind):
         prompt = np.random.default_rng(seed).integers(0, VOCAB, 12).tolist()
         truth = run(model, GraftProposer(0), prompt, 60)
         assert run(model, OracleTreeProposer(truth, len(prompt), seed, "mixed"), prompt, 60) == truth
+
+
+def test_graft_cpu_pack_overrides_the_memory_rule(monkeypatch):
+    monkeypatch.setattr(cpu_linear, "available_memory", lambda: 1 << 40)
+    monkeypatch.setenv("GRAFT_CPU_PACK", "0")
+    model = tiny_model()
+    use_cpu_linears(model)
+    assert all(m.packed is None and m.weight.numel() > 0 for m in model.modules() if isinstance(m, CpuLinear))
+    monkeypatch.setattr(cpu_linear, "available_memory", lambda: 0)
+    monkeypatch.setenv("GRAFT_CPU_PACK", "1")
+    model = tiny_model()
+    use_cpu_linears(model)
+    assert all(m.packed is not None for m in model.modules() if isinstance(m, CpuLinear))

@@ -175,8 +175,12 @@ def test_method_wiring(monkeypatch):
 
 # --- the real pair ------------------------------------------------------------------------------------------------
 @pytest.mark.real_model
-def test_real_qwen_pair_is_lossless():
+def test_real_qwen_pair_is_lossless(monkeypatch):
     from graft_cli.loading import encode, load_model, stop_ids
+
+    # Packing would double the pair's 9 GB of fp32 weights (the suite must peak under 12 GB); the packed kernels
+    # are checked on the tiny models and on SmolLM2 (tests/test_cpu_linear.py, tests/test_real_model.py).
+    monkeypatch.setenv("GRAFT_CPU_PACK", "0")
 
     target = load_model("qwen2.5-coder-1.5b-instruct", "cpu", "float32")
     config = MethodConfig("graft", 8, draft="qwen2.5-coder-0.5b-instruct", depth=4, draft_top_k=2)

@@ -5,28 +5,17 @@ operating system is part of the case (pipes)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
-from graft_cli.cli import main
+from tests.test_bench import run_cli as run_main
 from tests.test_bench import tiny_dir  # noqa: F401 - the fixture: a tiny random model with SmolLM2's tokenizer
-
-GRAFT = [sys.executable, "-m", "graft_cli"]
-
-
-def run_main(argv, capsys):
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
+from tests.test_faults import GRAFT, graft_env
 
 
 def env(tmp_path) -> dict:
-    return dict(os.environ, GRAFT_HOME=str(tmp_path / "home"), PYTHONPATH=os.pathsep.join(sys.path))
+    return graft_env(tmp_path / "home")
 
 
 def test_a_jsonl_batch_reports_each_bad_line_and_runs_the_others(tiny_dir, tmp_path):

@@ -16,18 +16,10 @@ from pathlib import Path
 import pytest
 
 from datastores.integrity import SAMPLE_BYTES
-from graft_cli.cli import main
+from tests.test_bench import run_cli as run_main
 from tests.test_bench import tiny_dir  # noqa: F401 - the fixture: a tiny random model with SmolLM2's tokenizer
 
 GRAFT = [sys.executable, "-m", "graft_cli"]
-
-
-def run_main(argv, capsys):
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
 
 
 def graft_env(home: Path) -> dict:

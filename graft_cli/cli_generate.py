@@ -71,7 +71,8 @@ def generate(
     config = MethodConfig(method, parse_budget(budget), retrievers.split(",") if retrievers else None, options, draft,
                           depth=depth, draft_top_k=draft_top_k, prune_at=prune_at, chain=chain, rope_theta=rope_theta,
                           draft_vocab=draft_vocab)
-    methods.check(config)  # before the model loads: a wrong flag should not cost seconds
+    methods.check(config)  # before the model loads: a wrong flag or store name should not cost seconds
+    methods.check_datastore(config)
     loaded = load_model(model, device, dtype)
     session = _Session(loaded, config, sampling, max_new_tokens, seed)
     session.raw = raw

@@ -87,7 +87,7 @@ def make_retrievers(names: list[str], env: RetrieverEnv) -> list:
 
 
 def check(config: MethodConfig) -> None:
-    """What can be checked before the model loads: the method, its flags, and that ``--datastore`` names a store."""
+    """What can be checked before the model loads: the method and its flags."""
     method = config.method
     if method not in RETRIEVERS:
         raise GraftError(f"unknown method '{method}' (choose from {', '.join(METHODS)})")
@@ -101,6 +101,10 @@ def check(config: MethodConfig) -> None:
         raise GraftError("--chain needs a drafter (--draft)")
     if config.prune_at is not None and method == "dense":
         raise GraftError("--prune-at prunes the draft tree: use --method pruned or graft, not dense")
+
+
+def check_datastore(config: MethodConfig) -> None:
+    """That ``--datastore`` names a store (its manifests read; kind and tokenizer are checked when it opens)."""
     store = config.options.peek("datastore")
     if store:
         from datastores import DatastoreError, read_store, resolve_store

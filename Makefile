@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 GRAFT := $(VENV)/bin/graft
 # The CPU build of torch (pip would otherwise pull a multi-GB CUDA build); machines with CUDA get the normal one.
 TORCH_CPU ?= torch==2.13.0
-DEMO_PROMPT ?= Write a Python function that parses a JSON file and returns the list of its top-level keys.
+DEMO_PROMPT ?= Write a Python function that reads a JSON file and returns its contents.
 STDLIB := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['stdlib'])")
 
 .PHONY: demo test install clean

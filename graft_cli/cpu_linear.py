@@ -47,7 +47,8 @@ def onednn_available() -> bool:
 
 class CpuLinear(nn.Linear):
     """``nn.Linear`` over a oneDNN-packed copy of its weight (``packed``, made once when the layer is switched;
-    None: oneDNN over the plain weight). The parameters stay as they are (tied weights stay tied)."""
+    None: oneDNN over the plain weight). A packed layer's own weight is then an empty placeholder; a weight it
+    shares with another module (tied embeddings) stays as it is."""
 
     packed: torch.Tensor | None = None
 

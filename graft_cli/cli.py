@@ -4,6 +4,7 @@ and turns every user error into one line on stderr with exit code 2 (``GRAFT_DEB
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import typer
@@ -39,9 +40,39 @@ def fail(message: str, code: int = 2) -> None:
     raise SystemExit(code)
 
 
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM ends graft the way Ctrl-C does: cleanup code runs (temporaries removed, child processes stopped,
+    tokenizer workers shut down), then exit 143."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+    print("graft: error: terminated", file=sys.stderr, flush=True)
+    raise SystemExit(143)
+
+
+def _sweep() -> None:
+    """Remove what graft processes killed outright (SIGKILL, a power cut) left behind: pull work dirs under
+    GRAFT_HOME/tmp, store build temporaries and locks under GRAFT_HOME/datastores. Those of live processes stay."""
+    from datastores.atomic import sweep
+    from graft_cli.catalog import clean_stale_tmp, graft_home
+
+    try:
+        clean_stale_tmp()
+        sweep(graft_home() / "datastores")
+    except OSError:
+        pass  # a GRAFT_HOME we cannot read is the command's own problem to report
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
     debug = os.environ.get("GRAFT_DEBUG") == "1"
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        _sweep()
+        _run(argv, debug)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(argv: list[str] | None, debug: bool) -> None:
     try:
         code = app(args=argv, standalone_mode=False)
     except typer.Exit as e:

@@ -20,9 +20,9 @@ def generate(
     prompt_file: Optional[str] = typer.Option(None, "--prompt-file", "-f", help="Read the prompt from FILE ('-' = stdin)."),
     jsonl: bool = typer.Option(False, "--jsonl", help="Input is JSONL: {id, prompt} or {id, messages} per line; output is JSONL."),
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Catalog name, HF model directory or .gguf file."),
-    method: str = typer.Option("graft", "--method", help="graft, dense, pruned, recycling, pld, ar (see docs/architecture.md)."),
+    method: str = typer.Option("graft", "--method", help="graft, dense, pruned, rest, recycling, pld or ar (see docs/architecture.md)."),
     draft: Optional[str] = typer.Option(None, "--draft", help="Draft model (catalog name or path) or eagle3:DIR."),
-    budget: Optional[str] = typer.Option(None, "--budget", help="Verified tree nodes per step (default: 16 on CPU, 60 on CUDA), or 'auto': measured on this device once, then chosen per step."),
+    budget: Optional[str] = typer.Option(None, "--budget", help="Verified tree nodes per step (default: 16 on CPU, 60 on CUDA), or 'auto': measured on this device once, then chosen per step. 0: no tree, one token per forward (plain decoding through the verification path; retrievers still learn)."),
     depth: Optional[int] = typer.Option(None, "--depth", min=1, help="Draft tree levels at most (default: 8 on CPU, 7 on CUDA)."),
     draft_top_k: Optional[int] = typer.Option(None, "--draft-top-k", min=1, help="Draft nodes expanded per level and children per node (default: 2 on CPU, 8 on CUDA)."),
     prune_at: Optional[str] = typer.Option(None, "--prune-at", help="Pruning checkpoints LEVEL:THRESHOLD[:SHARE],... (default 0:0.35,1:0.25,5:0.15; 'none': no pruning)."),
@@ -34,11 +34,11 @@ def generate(
     datastore: Optional[str] = typer.Option(None, "--datastore", help="Datastore name or path for store retrievers."),
     retriever_opt: list[str] = typer.Option([], "--retriever-opt", help="KEY=VALUE option for retrievers (repeatable)."),
     raw: bool = typer.Option(False, "--raw", help="Do not apply the chat template."),
-    max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", min=1),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", min=1, help="Stop after this many new tokens (or at a stop token)."),
     temperature: float = typer.Option(0.0, "--temperature", "-t", min=0.0, help="0 = greedy."),
-    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
-    top_k: int = typer.Option(0, "--top-k", min=0),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Same seed, same text."),
+    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Sample from the smallest set of tokens whose probability reaches P (1 = all)."),
+    top_k: int = typer.Option(0, "--top-k", min=0, help="Sample from the K most likely tokens only (0 = all)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Same seed, same text, with every method (default: a random seed)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
     device_map: Optional[str] = typer.Option(None, "--device-map", help="Shard a model larger than one GPU through accelerate: auto (GPUs, then CPU, then disk), balanced, sequential, or a JSON object of module to device."),
@@ -66,6 +66,7 @@ def generate(
         if not text.strip():
             raise GraftError("the prompt is empty")
     options = _options(retriever_opt, datastore)
+    from graft_cli import methods
     from graft_cli.profile import parse_budget
 
     if adjacency_file:
@@ -73,40 +74,71 @@ def generate(
     config = MethodConfig(method, parse_budget(budget), retrievers.split(",") if retrievers else None, options, draft,
                           depth=depth, draft_top_k=draft_top_k, prune_at=prune_at, chain=chain, rope_theta=rope_theta,
                           draft_vocab=draft_vocab)
+    methods.check(config)  # before the model loads: a wrong flag or store name should not cost seconds
+    methods.check_datastore(config)
     truncate = parse_truncate(truncate)
     loaded = load_model(model, device, dtype, parse_device_map(device_map))
     session = _Session(loaded, config, sampling, max_new_tokens, seed)
     session.raw, session.truncate = raw, truncate
     try:
+        _check_options(options, method)
         if jsonl:
             _run_jsonl(session, lines, raw, stats)
         else:
             run = session.run(text, stream=True)
             if stats:
                 print(f"graft: {run.summary()}", file=sys.stderr)
+    except BrokenPipeError:  # `graft generate ... | head`: the reader has what it wanted
+        _silence_stdout()
+        raise typer.Exit(0)
     finally:
         session.proposer.close()  # retrievers that keep state on disk (--adjacency-file) save it now
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's last flush does not fail on the closed pipe again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _check_options(options, method: str) -> None:
+    """Every retriever option must be read by a retriever of this method (a typo is never silently ignored)."""
+    flags = {"datastore": "--datastore", "adjacency_file": "--adjacency-file"}
+    unread = options.unread()
+    if unread:
+        key = unread[0]
+        what = flags.get(key, f"--retriever-opt {key}={options.peek(key)}")
+        read = ", ".join(sorted(options.read)) or "none"
+        raise GraftError(f"{what}: no retriever of --method {method} reads it (the options they read: {read})")
+
+
 def _run_jsonl(session: "_Session", lines: list[str], raw: bool, stats: bool) -> None:
-    """One output line per input line; a bad line is reported with its number and the others still run."""
+    """One output line per input line; a bad line gets an error record ``{"id", "line", "error"}`` on stdout (and
+    a line on stderr) and the others still run. Any bad line makes the exit code 2 at the end."""
     failed = 0
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
+        record = None
         try:
-            record = _parse_record(line, number)
-            run = session.run(record.get("messages") or record["prompt"], stream=False, raw=raw)
+            record = _parse_json(line)
+            prompt = _prompt_of(record)
+            run = session.run(prompt, stream=False, raw=raw)
         except GraftError as e:
-            print(f"graft: error: {e}", file=sys.stderr)
             failed += 1
+            rid = record.get("id") if isinstance(record, dict) else None
+            print(json.dumps({"id": rid, "line": number, "error": str(e)}, ensure_ascii=False), flush=True)
+            print(f"graft: error: line {number}: {e}", file=sys.stderr)
             continue
         out = {"id": record.get("id"), "text": session.last_text, "stats": run.as_dict()}
         print(json.dumps(out, ensure_ascii=False), flush=True)
         if stats:
             print(f"graft: {record.get('id')}: {run.summary()}", file=sys.stderr)
     if failed:
-        raise GraftError(f"{failed} of the input lines failed (see above)")
+        raise GraftError(f"{failed} of the input lines failed (their error records are on stdout)")
 
 
 class _Session:
@@ -128,18 +160,15 @@ class _Session:
         self.last_text = ""
 
     def run(self, prompt, stream: bool, raw: bool | None = None):
-        import torch
-
         from graft_cli.engine import decode
         from graft_cli.loading import encode
         from graft_cli.stats import Stats
 
         ids = encode(self.loaded.tokenizer, prompt, self.raw if raw is None else raw)
         ids = self.limits.fit(ids, self.max_new_tokens, self.depth, self.truncate)  # before any forward
-        generator = torch.Generator(device=self.target.device).manual_seed(self.seed)
         stats = Stats()
         text = _Detokenizer(self.loaded.tokenizer, self.stop)
-        steps = decode(self.target, self.proposer, ids, self.sampling, self.max_new_tokens, self.stop, generator, stats)
+        steps = decode(self.target, self.proposer, ids, self.sampling, self.max_new_tokens, self.stop, self.seed, stats)
         for piece in text.feed(steps):
             if stream:
                 sys.stdout.write(piece)
@@ -183,20 +212,38 @@ def _read_text(source: str) -> str:
         raise GraftError(f"{'stdin' if source == '-' else source} is not valid UTF-8 (byte {e.start})") from None
 
 
-def _parse_record(line: str, number: int) -> dict:
+def _parse_json(line: str):
     try:
-        record = json.loads(line)
+        return json.loads(line)
     except json.JSONDecodeError as e:
-        raise GraftError(f"line {number}: invalid JSON ({e.msg})") from None
-    if not isinstance(record, dict) or not (isinstance(record.get("prompt"), str) or isinstance(record.get("messages"), list)):
-        raise GraftError(f'line {number}: expected an object with "prompt" (text) or "messages" (a list)')
-    if "prompt" in record and not record.get("messages") and not record["prompt"].strip():
-        raise GraftError(f"line {number}: the prompt is empty")
-    return record
+        raise GraftError(f"invalid JSON ({e.msg})") from None
 
 
-def _options(pairs: list[str], datastore: str | None) -> dict[str, str]:
-    options = {}
+def _prompt_of(record) -> str | list[dict]:
+    """A JSONL record's non-empty "prompt" (text) or "messages" (a non-empty list of {"role", "content"} texts,
+    which win when both are given)."""
+    if not isinstance(record, dict) or not ("prompt" in record or "messages" in record):
+        raise GraftError('expected an object with "prompt" (text) or "messages" (a list)')
+    if "prompt" in record and record.get("messages") in (None, []):  # an empty "messages" beside a prompt: the prompt
+        prompt = record["prompt"]
+        if not isinstance(prompt, str):
+            raise GraftError(f'"prompt" must be text, not {type(prompt).__name__}')
+        if not prompt.strip():
+            raise GraftError("the prompt is empty")
+        return prompt
+    messages = record["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise GraftError('"messages" must be a non-empty list')
+    for i, m in enumerate(messages):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise GraftError(f'messages[{i}] must be an object with "role" and "content" texts')
+    return messages
+
+
+def _options(pairs: list[str], datastore: str | None):
+    from plugins.base import Options
+
+    options = Options()
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:

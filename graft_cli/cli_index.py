@@ -150,7 +150,7 @@ def build(
     field: List[str] = typer.Option([], "--field", help="JSONL/Parquet field to index, dotted (repeatable; default: messages, text, or every string field)."),
     ext: List[str] = typer.Option([], "--ext", help="Only these file extensions in directories (repeatable; default: text, markdown and code)."),
     stdin_format: str = typer.Option("auto", "--stdin-format", help="For '-': auto, jsonl or text."),
-    jobs: int = typer.Option(0, "--jobs", "-j", help="Tokenizer processes (default: all cores)."),
+    jobs: int = typer.Option(0, "--jobs", "-j", help="Tokenizer processes (0: one per core).", show_default="all cores"),
     shard: Optional[str] = typer.Option(None, "--shard", help="Build only shard I/N (I from 0) of the store, e.g. one per machine."),
     force: bool = typer.Option(False, "--force", help="Replace an existing store (or shard)."),
     ngram_n: Optional[int] = typer.Option(None, "--n", help="ngram: context length (3)."),
@@ -260,17 +260,12 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="JSON on stdout."),
 ) -> None:
     """Show a store's manifest summary and check its files."""
-    from datastores.store import check_files, read_store
+    from datastores.store import read_store
 
     path = _resolve(store)
     with _errors():
         meta = read_store(path)
-        problem = None
-        try:
-            for d, m in meta.shards:
-                check_files(d, m, verify=verify)
-        except Exception as e:  # reported, not raised: info must describe damaged stores too
-            problem = str(e)
+    problem = _problem(meta, verify)
     summary = meta.summary()
     first = meta.first
     c = first["corpus"]
@@ -284,8 +279,8 @@ def info(
     }
     summary["index"] = [m["index"] for _, m in meta.shards] if len(meta.shards) > 1 else first["index"]
     summary["build"] = [m["build"] for _, m in meta.shards] if len(meta.shards) > 1 else first["build"]
-    summary["status"] = "ok" if problem is None and meta.complete else (problem or "incomplete")
-    summary["verified"] = "sha256" if verify else "sizes and sampled checksums"
+    summary["status"] = _status(meta, problem)
+    summary["verified"] = "sha256" if verify else "sha256 of the files changed since they last matched"
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
     else:
@@ -311,6 +306,23 @@ def info(
             typer.echo(f"{k:<{width}}  {v}")
     if problem is not None:
         raise GraftError(problem)
+
+
+def _problem(meta, verify: bool = False) -> str | None:
+    """What is wrong with a store's files (sizes, sampled and full checksums), or None; reported, not raised, so
+    that ``info`` and ``list`` describe damaged stores too."""
+    from datastores.store import check_files
+
+    try:
+        for d, m in meta.shards:
+            check_files(d, m, verify=verify)
+    except Exception as e:  # noqa: BLE001 - a damaged store may fail in any way (unreadable files included)
+        return str(e)
+    return None
+
+
+def _status(meta, problem: str | None) -> str:
+    return problem or ("ok" if meta.complete else "incomplete")
 
 
 # --------------------------------------------------------------------------------------------------- query
@@ -456,7 +468,7 @@ def list_(as_json: bool = typer.Option(False, "--json", help="One JSON array on 
                 "bytes": s["bytes"],
                 "shards": f"{len(item.shards)}/{item.shard_count}",
                 "created": s["created"],
-                "status": "ok" if item.complete else "incomplete",
+                "status": _status(item, _problem(item)),  # the state `info` shows
             }
         )
     if as_json:

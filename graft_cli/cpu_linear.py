@@ -11,14 +11,19 @@ one-token forward only streams it. The remedy, measured (docs/benchmarks.md, "CP
 - inputs of 1-3 rows are padded to 4: oneDNN's kernels for fewer rows over a packed weight run slower than 4
   rows (2 rows cost 1.3 one-row forwards, 4 rows 1.0).
 
-The packed copy costs as much memory as the weights (mmapped safetensors are shared page cache; the copy is not),
-so a model is packed only when the machine has room for it; otherwise its layers run oneDNN over the plain
-weight. The summation order changes in the last bits, as it already did between MKL's kernels for different row
+The packed copy costs as much memory as the weights, so a model is packed only when the machine has room for the
+copy (``GRAFT_CPU_PACK=0`` never packs, ``=1`` always does); otherwise its layers run oneDNN over the plain
+weight. Once packed, a layer's plain weight is released (nothing reads it again: the forward uses the packed
+copy) unless another module shares it (tied input embeddings). That frees the memory where the weights were
+converted on load (a bf16 checkpoint run in fp32); fp32 safetensors are memory-mapped, and their pages stay
+mapped (reclaimable page cache, but counted as resident) until the file's last tensor goes. The summation order changes in the last bits, as it already did between MKL's kernels for different row
 counts; greedy outputs stay identical to plain decoding in the same process, which is what the tests check.
 """
 
 from __future__ import annotations
 
+import os
+from collections import Counter
 from functools import cache
 from pathlib import Path
 
@@ -42,7 +47,8 @@ def onednn_available() -> bool:
 
 class CpuLinear(nn.Linear):
     """``nn.Linear`` over a oneDNN-packed copy of its weight (``packed``, made once when the layer is switched;
-    None: oneDNN over the plain weight). The parameters stay as they are (tied weights stay tied)."""
+    None: oneDNN over the plain weight). A packed layer's own weight is then an empty placeholder; a weight it
+    shares with another module (tied embeddings) stays as it is."""
 
     packed: torch.Tensor | None = None
 
@@ -60,18 +66,24 @@ class CpuLinear(nn.Linear):
 
 def use_cpu_linears(model: nn.Module, pack: bool | None = None) -> None:
     """Switch every plain fp32 CPU ``nn.Linear`` of ``model`` to ``CpuLinear`` in place (nothing is copied but
-    the packed weights). ``pack`` None: pack when the copy fits in the memory available."""
+    the packed weights). ``pack`` None: as ``GRAFT_CPU_PACK`` says, else when the copy fits in the memory
+    available."""
     if not onednn_available():
         return  # plain F.linear it stays
     layers = [m for m in model.modules()
               if type(m) is nn.Linear and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32]
+    if pack is None and os.environ.get("GRAFT_CPU_PACK") in ("0", "1"):
+        pack = os.environ["GRAFT_CPU_PACK"] == "1"
     if pack is None:
         need = sum(m.weight.numel() * m.weight.element_size() for m in layers)
         pack = need <= MEMORY_SHARE * available_memory()
+    uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     for module in layers:
         module.__class__ = CpuLinear
         if pack:
             module.packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PACK_BATCH)
+            if uses[id(module.weight)] == 1:  # not tied to an embedding: the packed copy replaces it
+                module.weight = nn.Parameter(module.weight.new_empty((0, module.in_features)), requires_grad=False)
 
 
 def available_memory() -> int:

@@ -8,9 +8,7 @@ from __future__ import annotations
 from time import perf_counter
 from typing import Iterator, Protocol, Sequence
 
-import torch
-
-from graft_cli.sampling import Sampling, pick
+from graft_cli.sampling import Noise, Sampling, pick
 from graft_cli.stats import Stats
 from graft_cli.target import Target
 from graft_cli.tree import Tree
@@ -37,16 +35,18 @@ def decode(
     sampling: Sampling,
     max_new_tokens: int,
     stop_ids: set[int],
-    generator: torch.Generator | None = None,
+    seed: int | None = None,
     stats: Stats | None = None,
 ) -> Iterator[list[int]]:
-    """Yield the new tokens of each step; stops after a stop token or exactly ``max_new_tokens`` tokens."""
+    """Yield the new tokens of each step; stops after a stop token or exactly ``max_new_tokens`` tokens. Sampled
+    text is a function of ``seed`` (with the model, prompt and sampling settings) alone, whatever the proposer."""
     stats = stats if stats is not None else Stats()
     clock = perf_counter()
     if max_new_tokens <= 0:
         return
+    noise = None if sampling.greedy else Noise(0 if seed is None else seed, target.device)
     out = target.prefill(list(prompt), hidden=proposer.wants_hidden)
-    first = pick(out.logits[-1], sampling, generator)
+    first = pick(out.logits[-1], sampling, noise, 0)
     context = [*prompt, first]
     stats.times["prefill"] += perf_counter() - clock
     proposer.start(prompt, Step(context, [first], Tree(), list(range(len(prompt))), out.logits, out.hidden))
@@ -63,7 +63,7 @@ def decode(
         t1 = perf_counter()
         out = target.verify(context[-1], tree, hidden=proposer.wants_hidden)
         t2 = perf_counter()
-        result = accept(tree, out.logits, sampling, generator)
+        result = accept(tree, out.logits, sampling, noise, len(context) - len(prompt))
         rows = result.rows()
         target.keep(rows, len(tree) + 1)
         new = [tree.nodes[i].token for i in result.nodes] + [result.bonus]

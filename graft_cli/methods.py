@@ -24,7 +24,7 @@ from graft_cli.graft import GraftProposer
 from graft_cli.prune import DEFAULT as DEFAULT_PRUNE
 from graft_cli.prune import PruneSchedule, default_floor
 from plugins import load_factory
-from plugins.base import RetrieverEnv
+from plugins.base import Options, RetrieverEnv
 
 STORE_RETRIEVER = "suffix-array"  # joins graft's defaults when a --datastore is given
 # method -> retrievers it uses by default
@@ -47,7 +47,7 @@ class MethodConfig:
     method: str = "graft"
     budget: int | str | None = None  # verification nodes per step; None: the device's default; "auto": measured
     retrievers: list[str] | None = None  # None: the method's default list
-    options: dict[str, str] = field(default_factory=dict)  # retriever options, e.g. datastore=...
+    options: Options = field(default_factory=Options)  # retriever options, e.g. datastore=...
     draft: str | None = None  # draft model spec, or eagle3:DIR
     depth: int | None = None  # draft levels at most; None: the device's default
     draft_top_k: int | None = None  # children per expanded node and nodes expanded per level
@@ -55,6 +55,10 @@ class MethodConfig:
     chain: bool = False  # draft one path (Graft(TAIL) with graft)
     rope_theta: float | None = None  # EAGLE-3 heads: the RoPE base the head was trained with
     draft_vocab: int | None = None  # draft models: score only the N lowest ids + special tokens (None/0: all)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.options, Options):  # a plain dict from a caller: the same keys, reads now counted
+            self.options = Options(self.options)
 
 
 def default_budget(device: str) -> int:
@@ -82,8 +86,8 @@ def make_retrievers(names: list[str], env: RetrieverEnv) -> list:
     return retrievers
 
 
-def build(config: MethodConfig, loaded) -> GraftProposer:
-    """The proposer for ``config`` over the target ``loaded`` (a graft_cli.loading.Loaded)."""
+def check(config: MethodConfig) -> None:
+    """What can be checked before the model loads: the method and its flags."""
     method = config.method
     if method not in RETRIEVERS:
         raise GraftError(f"unknown method '{method}' (choose from {', '.join(METHODS)})")
@@ -91,12 +95,31 @@ def build(config: MethodConfig, loaded) -> GraftProposer:
         raise GraftError(f"--method {method} needs a drafter: --draft MODEL or --draft eagle3:DIR")
     if config.draft and method not in TAKES_DRAFT:
         raise GraftError(f"--method {method} does not use a drafter (use dense, pruned or graft with --draft)")
-    if method == "rest" and not config.options.get("datastore"):
+    if method == "rest" and not config.options.peek("datastore"):
         raise GraftError("--method rest retrieves from a datastore: give --datastore NAME_OR_PATH")
     if config.chain and not config.draft:
         raise GraftError("--chain needs a drafter (--draft)")
     if config.prune_at is not None and method == "dense":
         raise GraftError("--prune-at prunes the draft tree: use --method pruned or graft, not dense")
+
+
+def check_datastore(config: MethodConfig) -> None:
+    """That ``--datastore`` names a store (its manifests read; kind and tokenizer are checked when it opens)."""
+    store = config.options.peek("datastore")
+    if store:
+        from datastores import DatastoreError, read_store, resolve_store
+        from graft_cli.catalog import graft_home
+
+        try:
+            read_store(resolve_store(store, graft_home()))
+        except DatastoreError as e:
+            raise GraftError(str(e)) from e
+
+
+def build(config: MethodConfig, loaded) -> GraftProposer:
+    """The proposer for ``config`` over the target ``loaded`` (a graft_cli.loading.Loaded)."""
+    check(config)
+    method = config.method
     if config.budget == "auto":  # measured latency, tree size chosen per step (graft_cli/profile.py)
         from graft_cli.profile import build_auto
 
@@ -122,7 +145,7 @@ def build(config: MethodConfig, loaded) -> GraftProposer:
         drafter = load_drafter(config.draft, loaded, depth, top_k, prune, config.chain, config.rope_theta,
                                config.draft_vocab)
     names = config.retrievers if config.retrievers is not None else list(RETRIEVERS[method])
-    if config.retrievers is None and method == "graft" and config.options.get("datastore"):
+    if config.retrievers is None and method == "graft" and config.options.peek("datastore"):
         names.append(STORE_RETRIEVER)
     env = RetrieverEnv(
         vocab_size=loaded.model.config.vocab_size, device=device, tokenizer=loaded.tokenizer, options=config.options

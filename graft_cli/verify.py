@@ -1,9 +1,10 @@
 """Lossless acceptance of a verified tree.
 
 Every node is a deterministic proposal, so the rule is the same whoever proposed it (a drafter or a retriever):
-greedy accepts the child equal to the target's argmax; sampling tries children in order, accepts child ``x`` with
-probability ``p(x)``, and on rejection zeroes ``p(x)`` and renormalises; when no child is accepted the bonus token
-is drawn from what is left. That keeps the output distribution exactly the target's ``p``.
+at every verified row the target's own token is computed -- the argmax when greedy, ``argmax(log p + G)`` with the
+position's fixed Gumbel noise when sampling (graft_cli/sampling.py) -- and the child equal to it is accepted;
+where no child is, that token is the bonus. So the accepted text is exactly the text plain decoding produces with
+the same seed, whatever the tree holds, and its distribution is the target's ``p``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from graft_cli.sampling import Sampling, draw, probabilities
+from graft_cli.sampling import Noise, Sampling, sample
 from graft_cli.tree import ROOT, Tree
 
 
@@ -26,32 +27,15 @@ class Accepted:
         return [0] + [i + 1 for i in self.nodes]
 
 
-def accept(tree: Tree, logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> Accepted:
-    """Walk the tree from the root; ``logits[0]`` is the root's row, ``logits[i + 1]`` node i's."""
+def accept(tree: Tree, logits: torch.Tensor, sampling: Sampling, noise: Noise | None = None, position: int = 0) -> Accepted:
+    """Walk the tree from the root; ``logits[0]`` is the root's row, ``logits[i + 1]`` node i's. ``position``: the
+    generated-token index the root's row chooses (sampling keys its noise by it)."""
     if sampling.greedy:
-        return _greedy(tree, logits)
-    children: dict[int, list[int]] = {}
-    for i, node in enumerate(tree.nodes):
-        children.setdefault(node.parent, []).append(i)
-    path, node = [], ROOT
-    while True:
-        p = probabilities(logits[node + 1], sampling)
-        for child in children.get(node, []):
-            token = tree.nodes[child].token
-            if torch.rand((), generator=generator, device=p.device) < p[token]:
-                path.append(child)
-                node = child
-                break
-            p[token] = 0.0
-            p = p / p.sum()
-        else:
-            return Accepted(path, draw(p, generator))
-
-
-def _greedy(tree: Tree, logits: torch.Tensor) -> Accepted:
-    """The longest path whose every token is the target's argmax after its parent: the argmax of every row is
-    read in ONE device-to-host copy, then the walk is dictionary lookups."""
-    best = logits.argmax(dim=-1).tolist()
+        best = logits.argmax(dim=-1).tolist()
+    else:
+        if noise is None:
+            raise ValueError("sampling needs noise: a seed")
+        best = sample(logits, sampling, noise, position, tree.depths()).tolist()
     path, node = [], ROOT
     while (child := tree.child(node, best[node + 1])) is not None:
         path.append(child)

@@ -18,6 +18,35 @@ if TYPE_CHECKING:  # torch stays out of this module so that plugins without torc
     import torch
 
 
+class Options(dict):
+    """Retriever options (strings by key) that remember which keys were looked up: after the retrievers are built,
+    an option none of them read is a typo or a flag for another method, and is reported instead of ignored."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.read: set[str] = set()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self.read.add(str(key))
+        return super().__contains__(key)
+
+    def peek(self, key: str) -> Any:
+        """The value without counting as read (graft's own checks, not a retriever's use)."""
+        return super().get(key)
+
+    def unread(self) -> list[str]:
+        """The options given that nothing looked up, in the order given."""
+        return [key for key in self if key not in self.read]
+
+
 @dataclass
 class RetrieverEnv:
     """What a retriever may need to build itself."""

@@ -74,5 +74,6 @@ def test_subprocess_pipeline_with_the_default_model():
     jsonl = subprocess.run(graft + ["generate", "--jsonl", "-n", "6"], input=lines, capture_output=True, timeout=300)
     assert jsonl.returncode == 2
     assert "line 2: invalid JSON" in jsonl.stderr.decode()
-    ids = [json.loads(line)["id"] for line in jsonl.stdout.decode().splitlines()]
-    assert ids == ["a", "b"]
+    records = [json.loads(line) for line in jsonl.stdout.decode().splitlines()]
+    assert [r["id"] for r in records if "text" in r] == ["a", "b"]
+    assert [r["line"] for r in records if "error" in r] == [2]  # the bad line's error record, in its place

@@ -21,13 +21,15 @@ from tests.tiny import VOCAB, tiny_model
 def test_every_row_count_gives_the_linear_product(shape, bias, pack):
     torch.manual_seed(0)
     layer = torch.nn.Linear(shape[1], shape[0], bias=bias)
+    weight = layer.weight.detach().clone()
     use_cpu_linears(layer, pack=pack)
     assert type(layer) is CpuLinear and (layer.packed is not None) == pack
+    assert layer.weight.numel() == (0 if pack else weight.numel())  # a packed layer keeps one copy, not two
     for rows in (1, 2, 3, 4, 5, 6, 9):
         x = torch.randn(1, rows, shape[1])
         got = layer(x)
         assert got.shape == (1, rows, shape[0]) and got.is_contiguous()
-        torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got, F.linear(x, weight, layer.bias), rtol=1e-4, atol=1e-4)
 
 
 def test_a_model_is_packed_only_when_the_copy_fits_in_memory(monkeypatch):
@@ -47,6 +49,7 @@ def test_tied_weights_stay_tied_and_other_dtypes_are_left_alone():
     model.lm_head.weight = model.model.embed_tokens.weight
     use_cpu_linears(model)
     assert type(model.lm_head) is CpuLinear and model.lm_head.weight is model.model.embed_tokens.weight
+    assert model.lm_head.weight.numel() > 0  # the embedding still reads it
     half = torch.nn.Linear(4, 4).to(torch.bfloat16)
     use_cpu_linears(half)
     assert type(half) is torch.nn.Linear
@@ -60,3 +63,16 @@ def test_random_trees_stay_lossless_through_the_cpu_kernels(kind):
         prompt = np.random.default_rng(seed).integers(0, VOCAB, 12).tolist()
         truth = run(model, GraftProposer(0), prompt, 60)
         assert run(model, OracleTreeProposer(truth, len(prompt), seed, "mixed"), prompt, 60) == truth
+
+
+def test_graft_cpu_pack_overrides_the_memory_rule(monkeypatch):
+    monkeypatch.setattr(cpu_linear, "available_memory", lambda: 1 << 40)
+    monkeypatch.setenv("GRAFT_CPU_PACK", "0")
+    model = tiny_model()
+    use_cpu_linears(model)
+    assert all(m.packed is None and m.weight.numel() > 0 for m in model.modules() if isinstance(m, CpuLinear))
+    monkeypatch.setattr(cpu_linear, "available_memory", lambda: 0)
+    monkeypatch.setenv("GRAFT_CPU_PACK", "1")
+    model = tiny_model()
+    use_cpu_linears(model)
+    assert all(m.packed is not None for m in model.modules() if isinstance(m, CpuLinear))

@@ -17,9 +17,6 @@ from datastores.suffix_array import PAD, build_suffix_array, continuation_trie
 from datastores.tokenize import SEP, SEP_INT
 from tests.datastore_fixtures import make_model_dir, random_docs, write_jsonl
 
-SMOLLM2 = Path(os.environ.get("GRAFT_TEST_SMOLLM2", "/tmp/models/smollm2"))
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     return make_model_dir(tmp_path_factory.mktemp("model"))
@@ -263,14 +260,18 @@ def test_fingerprint_from_hf_style_objects(model_dir):
     assert fingerprint_from_tokenizer(_SlowTokenizer(model_dir / "tokenizer.json")) == fingerprint_from_file(model_dir)
 
 
-@pytest.mark.skipif(not (SMOLLM2 / "tokenizer.json").is_file(), reason="SmolLM2 tokenizer not available")
+@pytest.mark.real_model
 def test_fingerprint_of_real_hf_tokenizer_matches_its_file():
-    transformers = pytest.importorskip("transformers")
-    hf = transformers.AutoTokenizer.from_pretrained(str(SMOLLM2))
-    assert fingerprint_from_tokenizer(hf) == fingerprint_from_file(SMOLLM2)
+    import transformers
+
+    from graft_cli.catalog import resolve_model
+
+    smollm2 = resolve_model("smollm2-135m-instruct")  # the catalog model, pulled on first use
+    hf = transformers.AutoTokenizer.from_pretrained(str(smollm2))
+    assert fingerprint_from_tokenizer(hf) == fingerprint_from_file(smollm2)
     vocab = hf.get_vocab()
     specials = [t.content for t in hf.added_tokens_decoder.values() if t.special]
-    assert fingerprint_from_vocab(vocab, specials) == fingerprint_from_file(SMOLLM2)
+    assert fingerprint_from_vocab(vocab, specials) == fingerprint_from_file(smollm2)
 
 
 def test_other_tokenizer_is_refused(tmp_path, random_store):
@@ -311,8 +312,12 @@ def test_truncated_and_corrupt_files_are_detected(tmp_path, random_store):
     tok = s / "shard-00000-of-00001" / "tokens.u32"
     raw = bytearray(tok.read_bytes())
     assert len(raw) > 24 * 4096  # big enough to have unsampled bytes
-    raw[4096 + 100] ^= 0xFF  # outside every sampled block: only a full check finds it
+    raw[4096 + 100] ^= 0xFF  # outside every sampled block: the full hash, paid because the file changed, finds it
+    before = tok.stat()
     tok.write_bytes(bytes(raw))
+    with pytest.raises(DatastoreError, match="corrupt: tokens.u32 fails its SHA-256"):
+        open_store(s)
+    os.utime(tok, ns=(before.st_atime_ns, before.st_mtime_ns))  # damage that keeps the stamp: only --verify sees it
     open_store(s)
     with pytest.raises(DatastoreError, match="SHA-256"):
         open_store(s, verify=True)

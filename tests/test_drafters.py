@@ -29,8 +29,7 @@ from tests.tiny import VOCAB, tiny_model
 
 
 def run(model, proposer, prompt, n, stats=None, stop=frozenset()):
-    gen = torch.Generator().manual_seed(0)
-    return [t for s in decode(Target(model), proposer, prompt, Sampling(), n, set(stop), gen, stats) for t in s]
+    return [t for s in decode(Target(model), proposer, prompt, Sampling(), n, set(stop), 0, stats) for t in s]
 
 
 def proposer_for(method: str, draft, budget=12, depth=5, top_k=3) -> GraftProposer:
@@ -178,8 +177,12 @@ def test_method_wiring(monkeypatch):
 
 # --- the real pair ------------------------------------------------------------------------------------------------
 @pytest.mark.real_model
-def test_real_qwen_pair_is_lossless():
+def test_real_qwen_pair_is_lossless(monkeypatch):
     from graft_cli.loading import encode, load_model, stop_ids
+
+    # Packing would double the pair's 9 GB of fp32 weights (the suite must peak under 12 GB); the packed kernels
+    # are checked on the tiny models and on SmolLM2 (tests/test_cpu_linear.py, tests/test_real_model.py).
+    monkeypatch.setenv("GRAFT_CPU_PACK", "0")
 
     target = load_model("qwen2.5-coder-1.5b-instruct", "cpu", "float32")
     config = MethodConfig("graft", 8, draft="qwen2.5-coder-0.5b-instruct", depth=4, draft_top_k=2)
@@ -190,10 +193,9 @@ def test_real_qwen_pair_is_lossless():
     accepted = 0
     for text in prompts:
         ids = encode(target.tokenizer, text)
-        gen = torch.Generator().manual_seed(0)
-        ar = [t for s in decode(Target(target.model), GraftProposer(0), ids, Sampling(), 24, stop, gen) for t in s]
+        ar = [t for s in decode(Target(target.model), GraftProposer(0), ids, Sampling(), 24, stop, 0) for t in s]
         stats = Stats()
-        got = [t for s in decode(Target(target.model), proposer, ids, Sampling(), 24, stop, gen, stats) for t in s]
+        got = [t for s in decode(Target(target.model), proposer, ids, Sampling(), 24, stop, 0, stats) for t in s]
         assert got == ar
         accepted += stats.accepted["draft"]
     assert accepted > 10  # the 0.5B model really drafts for the 1.5B one

@@ -16,8 +16,7 @@ from tests.tiny import VOCAB, OracleTreeProposer, tiny_model
 
 
 def run(model, proposer, prompt, n, sampling=Sampling(), stop=frozenset(), seed=0, stats=None):
-    gen = torch.Generator().manual_seed(seed)
-    return [t for step in decode(Target(model), proposer, prompt, sampling, n, set(stop), gen, stats) for t in step]
+    return [t for step in decode(Target(model), proposer, prompt, sampling, n, set(stop), seed, stats) for t in step]
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])

@@ -323,10 +323,9 @@ def sample_joint_graft(target_model, draft_model, sampling: Sampling, n: int) ->
         drafter=DraftModelDrafter(draft_model, V, depth=3, top_k=2, prune=PruneSchedule.parse("0:0.5,1:0.4")),
     )
     proposer.latency.points = {1: 1.0, 64: 1.0}
-    gen = torch.Generator().manual_seed(321)
     counts: dict = {}
-    for _ in range(n):
-        tokens = [t for s in engine.decode(target, proposer, PROMPT, sampling, 3, set(), gen) for t in s]
+    for seed in range(321, 321 + n):
+        tokens = [t for s in engine.decode(target, proposer, PROMPT, sampling, 3, set(), seed) for t in s]
         counts[(tokens[1], tokens[2])] = counts.get((tokens[1], tokens[2]), 0) + 1
     return counts
 

@@ -1,0 +1,56 @@
+"""`make demo`'s last step: one prompt generated with plain decoding (`ar`) and with Graft, side by side in one
+process, so the speed-up is measured on the same machine at the same moment and the two texts can be compared.
+
+    python benchmarks/demo.py --datastore stdlib-demo --prompt "..."
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from graft_cli import methods
+from graft_cli.engine import decode
+from graft_cli.loading import encode, load_model, stop_ids
+from graft_cli.sampling import Sampling
+from graft_cli.stats import Stats
+from graft_cli.target import Target
+
+
+def generate(loaded, config: methods.MethodConfig, ids: list[int], n: int) -> tuple[list[int], Stats]:
+    stats = Stats()
+    proposer = methods.build(config, loaded)
+    steps = decode(Target(loaded.model), proposer, ids, Sampling(), n, stop_ids(loaded), None, stats)
+    tokens = [t for step in steps for t in step]
+    proposer.close()
+    return tokens, stats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--datastore", default=None)
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    args = parser.parse_args()
+    loaded = load_model(args.model, "auto")
+    ids = encode(loaded.tokenizer, args.prompt)
+    options = {"datastore": args.datastore} if args.datastore else {}
+    with torch.inference_mode():
+        generate(loaded, methods.MethodConfig("ar"), ids, 8)  # warm-up: the first forwards are slower
+        ar, ar_stats = generate(loaded, methods.MethodConfig("ar"), ids, args.max_new_tokens)
+        graft, graft_stats = generate(loaded, methods.MethodConfig("graft", options=options), ids, args.max_new_tokens)
+    text = loaded.tokenizer.decode(graft, skip_special_tokens=True)
+    print(f"prompt: {args.prompt}\n\n{text}\n")
+    for name, stats in (("ar", ar_stats), ("graft", graft_stats)):
+        print(f"{name:>5}: {stats.new_tokens} tokens in {stats.wall:.2f} s, {stats.tokens_per_s:.1f} tokens/s"
+              f" ({stats.tau:.2f} tokens per forward)")
+    print(f"speed-up: {graft_stats.tokens_per_s / ar_stats.tokens_per_s:.2f}x")
+    print(f"identical text: {'yes' if graft == ar else 'NO'}")
+    if graft != ar:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""File checksums, and the record of which files were last seen intact, so that a full SHA-256 is paid once per
+change of a file rather than at every open.
+
+A file's *stamp* is (size, mtime in ns, inode). Writing a file (even one byte of it, in place) changes its mtime,
+so a file whose stamp equals the one recorded when its full SHA-256 last matched is the file that matched; any
+other stamp means the whole file is hashed again. What this cannot see is damage that leaves the stamp alone
+(the disk itself rotting, or a writer that resets the mtime): ``--verify`` hashes every file whatever its stamp.
+The record is ``.verified.json`` beside the files; where that directory is read-only nothing is recorded and
+every open hashes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+from pathlib import Path
+
+SAMPLE_BLOCKS = 16
+SAMPLE_BYTES = 4096
+RECORD = ".verified.json"
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sample_digest(path: Path, size: int | None = None) -> str:
+    """SHA-256 of the size and of 16 blocks spread evenly over the file (first and last included): cheap at
+    open time whatever the file size, and it catches truncation and zero-filled tails."""
+    size = os.path.getsize(path) if size is None else size
+    h = hashlib.sha256(str(size).encode())
+    offsets = sorted({max(0, min(size - SAMPLE_BYTES, (size * i) // (SAMPLE_BLOCKS - 1))) for i in range(SAMPLE_BLOCKS)})
+    with open(path, "rb") as f:
+        for off in offsets:
+            f.seek(off)
+            h.update(f.read(SAMPLE_BYTES))
+    return h.hexdigest()
+
+
+def stamp(path: Path) -> list[int]:
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def _read(record: Path) -> dict:
+    try:
+        data = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def remember(path: Path, sha256: str) -> None:
+    """Record that ``path``, as it is now, has ``sha256`` (best effort: a read-only directory records nothing)."""
+    path = Path(path)
+    record = path.parent / RECORD
+    data = _read(record)
+    data[path.name] = {"stamp": stamp(path), "sha256": sha256}
+    tmp = path.parent / f".tok-{RECORD}.{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        os.replace(tmp, record)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def sha256_matches(path: Path, expected: str, *, force: bool = False) -> bool:
+    """Whether ``path`` has SHA-256 ``expected``: hashed in full unless its stamp is the one recorded when it last
+    matched (``force``: hashed whatever the record says)."""
+    path = Path(path)
+    seen = _read(path.parent / RECORD).get(path.name)
+    if not force and isinstance(seen, dict) and seen.get("sha256") == expected and seen.get("stamp") == stamp(path):
+        return True
+    if file_sha256(path) != expected:
+        return False
+    remember(path, expected)
+    return True

@@ -98,3 +98,46 @@ def ship(
     from graft_cli.heads.ship import ship as ship_head
 
     typer.echo(str(ship_head(Path(run).expanduser(), Path(out).expanduser(), command)))
+
+
+@heads_app.command("eval")
+def eval_(
+    head: str = typer.Argument(..., help="Head: a named head (graft heads list) or a directory."),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", help="Target model (catalog name or path)."),
+    dataset: str = typer.Option("spec-bench", "--dataset", "-d", help="spec-bench, mt-bench or a JSONL file."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="The first N questions of each category."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Greedy continuation per prompt."),
+    steps: int = typer.Option(7, "--steps", help="Draft steps (chain depth) to score."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
+) -> None:
+    """Acceptance per draft step on real prompts, teacher-forced over the target's greedy continuations."""
+    import torch
+
+    from graft_cli.bench import load_questions, resolve_dataset
+    from graft_cli.drafters.eagle3 import load_head
+    from graft_cli.errors import GraftError
+    from graft_cli.heads.evaluate import evaluate_head
+    from graft_cli.loading import encode, load_model
+
+    if steps < 1 or max_new_tokens < 2:
+        raise GraftError("--steps must be >= 1 and --max-new-tokens >= 2")
+    if threads:
+        torch.set_num_threads(threads)
+    questions = load_questions(resolve_dataset(dataset), limit=limit)
+    loaded = load_model(model, device)
+    loaded_head = load_head(head, loaded.model)
+    prompts = [encode(loaded.tokenizer, q.turns[0]) for q in questions]
+    typer.echo(f"{len(prompts)} prompts, {max_new_tokens} greedy tokens each", err=True)
+    report = evaluate_head(loaded, loaded_head, prompts, max_new_tokens, steps,
+                           on_prompt=lambda i: typer.echo(f"  prompt {i + 1}/{len(prompts)}", err=True))
+    report = {"head": head, "model": model, "dataset": dataset, "prompts": len(prompts), **report}
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    typer.echo(f"head {head} on {model}: {report['prompts']} prompts of {dataset}, {report['positions']} positions")
+    typer.echo("step  accepted-given-previous  chain-accepted")
+    for k, (s, c) in enumerate(zip(report["step_acceptance"], report["chain_acceptance"])):
+        typer.echo(f"{k:>4}  {s:>23.3f}  {c:>14.3f}")
+    typer.echo(f"tokens per target forward with a {steps}-step chain: {report['tokens_per_forward']:.2f}")

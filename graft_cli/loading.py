@@ -52,8 +52,10 @@ def pick_dtype(dtype: str, device: str) -> torch.dtype:
     return table[dtype]
 
 
-def load_model(spec: str, device: str = "auto", dtype: str = "auto") -> Loaded:
-    """A catalog name or a local path (HF directory or .gguf) to a ready model on ``device``."""
+def load_model(spec: str, device: str = "auto", dtype: str = "auto", fast_cpu: bool = True) -> Loaded:
+    """A catalog name or a local path (HF directory or .gguf) to a ready model on ``device``. ``fast_cpu``: the
+    CPU kernels below (training packs its own: whether weights get packed here depends on free memory, and a
+    resumed run must compute the same bits as the run it continues)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -70,7 +72,7 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto") -> Loaded:
     except Exception as e:  # corrupt weights, missing files, unsupported architecture
         raise GraftError(f"cannot load model from {path}: {_first_line(e)}") from e
     model.to(device).eval()
-    if device == "cpu":
+    if device == "cpu" and fast_cpu:
         cpu_kernels(model)
     return Loaded(model, tokenizer, Path(path), spec)
 

@@ -19,7 +19,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -76,11 +76,10 @@ def head_config(head: TrainableHead, target_config: Any) -> dict:
         bos_token_id=getattr(target_config, "bos_token_id", None), eos_token_id=getattr(target_config, "eos_token_id", None),
         pad_token_id=getattr(target_config, "pad_token_id", None),
     )
-    raw = config.to_dict()
-    raw.update(draft_vocab_size=c.draft_vocab, target_hidden_size=head.fc.in_features // 3,
-               eagle_config={"eagle_aux_hidden_state_layer_ids": layers, "use_aux_hidden_state": True})
-    raw.pop("transformers_version", None)
-    return raw
+    config.draft_vocab_size = c.draft_vocab
+    config.target_hidden_size = head.fc.in_features // 3
+    config.eagle_config = {"eagle_aux_hidden_state_layer_ids": layers, "use_aux_hidden_state": True}
+    return json.loads(config.to_json_string(use_diff=True))  # what save_pretrained writes
 
 
 def head_tensors(head: TrainableHead, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -89,8 +88,10 @@ def head_tensors(head: TrainableHead, dtype: torch.dtype) -> dict[str, torch.Ten
             for k, v in head.state_dict().items()}
 
 
-def write_head(head: TrainableHead, target_config: Any, out: Path, dtype: torch.dtype, training: dict) -> Path:
-    """Write a loadable head directory to ``out`` atomically; returns ``out``."""
+def write_head(head: TrainableHead, target_config: Any, out: Path, dtype: torch.dtype, training: dict,
+               readme: Callable[[Path], str] | None = None) -> Path:
+    """Write a loadable head directory to ``out`` atomically; returns ``out``. ``readme`` (given the written
+    weights file) makes a README.md inside it."""
     from safetensors.torch import save_file
 
     out = Path(out)
@@ -98,6 +99,8 @@ def write_head(head: TrainableHead, target_config: Any, out: Path, dtype: torch.
     save_file(head_tensors(head, dtype), str(tmp / "model.safetensors"), metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(head_config(head, target_config), indent=2, sort_keys=True) + "\n")
     (tmp / "training.json").write_text(json.dumps(training, indent=2) + "\n")
+    if readme is not None:
+        (tmp / "README.md").write_text(readme(tmp / "model.safetensors"))
     _publish(tmp, out)
     return out
 

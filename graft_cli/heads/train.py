@@ -184,8 +184,12 @@ def train(s: Settings, resume: bool = False, console: Any = None) -> Path:
     if min(s.ttt, s.max_steps, s.seq_len - 2, s.batch_size, s.checkpoint_every, s.heldout_every - 1) < 1:
         raise GraftError("--ttt, --max-steps, --batch-size, --checkpoint-every must be >= 1, --seq-len >= 3 "
                          "and --heldout-every >= 2")
-    loaded = load_model(s.model, s.device)
+    loaded = load_model(s.model, s.device, fast_cpu=False)
     target, device = loaded.model, loaded.device
+    if device == "cpu":  # packed oneDNN kernels (15% faster here), packed whatever the free memory: same bits
+        from graft_cli.cpu_linear import use_cpu_linears
+
+        use_cpu_linears(target, pack=True)
     for p in target.parameters():
         p.requires_grad_(False)
     autocast = torch.bfloat16 if device.startswith("cuda") else None

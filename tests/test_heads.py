@@ -354,3 +354,120 @@ def test_a_trained_head_keeps_the_sampling_distribution(tmp_path):
         tokens = [t for s in engine.decode(Target(target), proposer, PROMPT, sampling, 3, set(), gen) for t in s]
         counts[(tokens[1], tokens[2])] = counts.get((tokens[1], tokens[2]), 0) + 1
     assert not chi_square_rejects(exact_joint(target, sampling), counts, n)
+
+
+# --- data ---------------------------------------------------------------------------------------------------------
+
+
+def test_records_become_chat_messages():
+    from graft_cli.heads.data import chat_messages
+
+    assert chat_messages({"instruction": "Add", "input": "1 and 2", "response": "3"}) == [
+        {"role": "user", "content": "Add\n\n1 and 2"}, {"role": "assistant", "content": "3"}]
+    assert chat_messages({"question": "Q?", "answer": "A."})[1] == {"role": "assistant", "content": "A."}
+    assert chat_messages({"instruction": "I", "output": "O", "generator": "x"})[0]["content"] == "I"
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert chat_messages({"messages": msgs}) == msgs
+    assert chat_messages({"text": "plain"}) is None and chat_messages({"instruction": "no answer"}) is None
+
+
+def test_packed_documents_do_not_see_each_other():
+    """Two documents packed in one sequence give the features and target tokens each gives alone."""
+    target = target_model()
+    a, b = [5, 6, 7, 8, 9], [11, 12, 13, 14]
+    packed = Batch(torch.tensor([a + b]), torch.tensor([list(range(5)) + list(range(4))]),
+                   torch.tensor([[0] * 5 + [1] * 4]))
+    ids = torch.arange(VOCAB)
+    whole = teach(target, packed, (2, 2, 2), ids)
+    alone = [teach(target, one_document(d), (2, 2, 2), ids) for d in (a, b)]
+    torch.testing.assert_close(whole.features[0], torch.cat([x.features[0] for x in alone]), atol=1e-5, rtol=1e-5)
+    assert whole.argmax[0].tolist() == alone[0].argmax[0].tolist() + alone[1].argmax[0].tolist()
+
+
+def test_batches_are_a_function_of_seed_and_step():
+    import numpy as np
+
+    from graft_cli.heads.data import Documents, Packer, draft_vocabulary, split
+
+    lengths = [7, 3, 12, 5, 9, 4, 8, 6, 10, 2]
+    tokens = np.concatenate([np.full(n, i, dtype=np.int64) for i, n in enumerate(lengths)])
+    docs = Documents(tokens, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+    train_docs, held = split(docs, 5)
+    assert len(held) == 2 and len(train_docs) == 8
+    p, q = Packer(train_docs, 8, 2, seed=1), Packer(train_docs, 8, 2, seed=1)
+    for step in (0, 1, 2, 3, 2, 0):
+        x, y = p.batch(step), q.batch(step)
+        assert torch.equal(x.tokens, y.tokens) and torch.equal(x.docs, y.docs)
+    first = p.batch(0)
+    # inside a sequence, a document's positions count from 0 and its id stays
+    for row in range(2):
+        for t in range(1, 8):
+            same = first.docs[row, t] == first.docs[row, t - 1]
+            assert int(first.positions[row, t]) == (int(first.positions[row, t - 1]) + 1 if same else 0)
+            assert same == (first.tokens[row, t] == first.tokens[row, t - 1])
+    assert not torch.equal(p.batch(0).tokens, p.batch(p.batches_per_epoch).tokens)  # a new epoch, a new order
+    ids, coverage = draft_vocabulary(train_docs, 10, 3)
+    assert ids.tolist() == [4, 6, 8] and coverage == 27 / 48  # the longest training documents (2 and 7 are held out)
+
+
+# --- the command line and the shipped head ---------------------------------------------------------------------
+
+
+def run_cli(argv, capsys):
+    from graft_cli.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+def test_bad_training_input_is_one_line(tiny_target, corpus, tmp_path, capsys):
+    base = ["heads", "train", "--model", str(tiny_target), "--run", str(tmp_path / "run")]
+    cases = [
+        (base + ["--data", str(tmp_path / "absent"), "--out", str(tmp_path / "h")], "does not exist"),
+        (base + ["--data", str(corpus), "--out", str(tmp_path / "h"), "--resume"], "no checkpoint"),
+        (base + ["--data", str(corpus)], "exactly one of --out DIR or --name NAME"),
+        (base + ["--data", str(corpus), "--name", "a/b"], "plain name"),
+        (base + ["--data", str(corpus), "--out", str(tmp_path / "h"), "--draft-vocab", "0"], "--draft-vocab"),
+    ]
+    for argv, message in cases:
+        code, out, err = run_cli(argv, capsys)
+        assert code == 2 and message in err and err.count("\n") == 1, (argv, err)
+    assert not (tmp_path / "h").exists()
+
+
+def test_named_heads_resolve_and_list(tiny_target, trained, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from graft_cli.heads import resolve_head
+
+    monkeypatch.setenv("GRAFT_HOME", str(tmp_path))
+    _, out = trained
+    shutil.copytree(out, tmp_path / "heads" / "mine")
+    assert resolve_head("mine") == tmp_path / "heads" / "mine"
+    code, listing, _ = run_cli(["heads", "list"], capsys)
+    assert code == 0 and "mine\tuser" in listing
+    code, _, err = run_cli(["generate", "-p", "hi", "--model", str(tiny_target), "--draft", "eagle3:nothere",
+                             "--method", "dense"], capsys)
+    assert code == 2 and "not a directory nor a named head" in err
+
+
+SHIPPED_HEADS = sorted((Path(__file__).resolve().parents[1] / "graft_cli" / "heads" / "shipped").glob("*/README.md"))
+
+
+@pytest.mark.parametrize("readme", SHIPPED_HEADS, ids=[p.parent.name for p in SHIPPED_HEADS])
+def test_a_shipped_head_matches_its_readme(readme):
+    import re
+
+    root = readme.parent
+    digest = re.search(r"sha256: `([0-9a-f]{64})`", readme.read_text())
+    assert digest and ckpt.sha256(root / "model.safetensors") == digest.group(1)
+    assert (root / "model.safetensors").stat().st_size <= 25e6
+    from safetensors import safe_open
+
+    with safe_open(str(root / "model.safetensors"), "pt") as f:
+        assert "embed_tokens.weight" not in f.keys() and f.get_tensor("fc.weight").dtype == torch.bfloat16
+    raw = json.loads((root / "config.json").read_text())
+    assert raw["architectures"] == ["LlamaForCausalLMEagle3"] and "draft_vocab_size" in raw

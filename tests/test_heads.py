@@ -16,6 +16,7 @@ from graft_cli.heads.data import Batch
 from graft_cli.heads.model import context_mask, step_inputs
 from graft_cli.heads.teacher import teach
 from graft_cli.heads.train import draft_config, new_head
+from tests.test_bench import run_cli
 from tests.test_eagle3 import target_model
 from tests.tiny import VOCAB
 
@@ -170,17 +171,9 @@ WORDS = ["red", "green", "blue", "one", "two", "three", "cat", "dog", "sun", "mo
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory):
     """A 5-layer, 32-wide random Llama with SmolLM2's tokenizer (its chat template is what data.py applies)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+    from tests.tiny import tiny_smollm2
 
-    from graft_cli.catalog import resolve_model
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct"))
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=5,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
-                         initializer_range=0.3, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-                         pad_token_id=2)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model, tokenizer = tiny_smollm2(layers=5)
     # its greedy tokens and most of its mass on the corpus' own tokens, as a real model's would be
     text = tokenizer.apply_chat_template([{"role": "user", "content": " ".join(WORDS)}], tokenize=False)
     used = torch.tensor(sorted(set(tokenizer(text + " ".join(WORDS))["input_ids"])))
@@ -411,16 +404,6 @@ def test_batches_are_a_function_of_seed_and_step():
 
 
 # --- the command line and the shipped head ---------------------------------------------------------------------
-
-
-def run_cli(argv, capsys):
-    from graft_cli.cli import main
-
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
 
 
 def test_bad_training_input_is_one_line(tiny_target, corpus, tmp_path, capsys):

@@ -97,14 +97,19 @@ def graft_unroll(head, features, tokens, steps):
     return head.unroll(features, [step_inputs(batch.tokens, batch.positions, k, context) for k in range(steps)])
 
 
-def reference_config(target, draft_vocab=40):
+LLAMA3_ROPE = {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+ROPES = {"default": {"rope_theta": 10000.0, "rope_type": "default"}, "llama3": LLAMA3_ROPE}
+
+
+def reference_config(target, draft_vocab=40, rope=None):
     from transformers import LlamaConfig
 
     t = target.config
     config = LlamaConfig(hidden_size=t.hidden_size, num_attention_heads=t.num_attention_heads,
                          num_key_value_heads=t.num_key_value_heads, head_dim=t.hidden_size // t.num_attention_heads,
                          intermediate_size=96, vocab_size=t.vocab_size, num_hidden_layers=1,
-                         max_position_embeddings=512, rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+                         max_position_embeddings=512, rope_parameters=rope or ROPES["default"],
                          architectures=["LlamaForCausalLMEagle3"], tie_word_embeddings=False)
     config.draft_vocab_size = draft_vocab
     return config
@@ -117,11 +122,13 @@ def features_and_tokens(target, layers, n=12, seed=3):
     return torch.cat([hidden[i] for i in layers], dim=-1), tokens
 
 
-def test_a_specforge_head_loads_in_graft_with_the_same_logits(tmp_path):
+@pytest.mark.parametrize("rope", list(ROPES))
+def test_a_specforge_head_loads_in_graft_with_the_same_logits(tmp_path, rope):
+    """Also with Llama-3.1's scaled RoPE; and the same head with the older top-level rope_theta/rope_scaling."""
     Ref = specforge_class()
     target = target_model()
     torch.manual_seed(0)
-    ref = Ref(reference_config(target)).eval()
+    ref = Ref(reference_config(target, rope=ROPES[rope])).eval()
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(0.05 * torch.randn(p.shape))
@@ -136,6 +143,30 @@ def test_a_specforge_head_loads_in_graft_with_the_same_logits(tmp_path):
                        torch.ones(n - 1, n - 1, dtype=torch.bool).tril())
     torch.testing.assert_close(head.logp(out), torch.log_softmax(expected[: n - 1], -1), atol=1e-5, rtol=1e-5)
     assert head.to_target(torch.tensor([0, 5])).tolist() == [1, 11]
+    raw = json.loads((tmp_path / "ref" / "config.json").read_text())
+    params = raw.pop("rope_parameters")
+    raw["rope_theta"] = params.pop("rope_theta")
+    raw["rope_scaling"] = params if rope != "default" else None
+    (tmp_path / "ref" / "config.json").write_text(json.dumps(raw))
+    old_style = load_head(str(tmp_path / "ref"), target)
+    assert old_style.cfg.rope_theta == head.cfg.rope_theta and torch.equal(old_style.inv_freq, head.inv_freq)
+
+
+def test_aux_layer_ids_choose_the_fused_layers(tmp_path):
+    from graft_cli.drafters.eagle3 import Eagle3Drafter
+    from graft_cli.errors import GraftError
+
+    target = target_model()
+    head = tiny_head(target)
+    ckpt.write_head(head, target.config, tmp_path / "h", torch.float32, {})
+    raw = json.loads((tmp_path / "h" / "config.json").read_text())
+    raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 1, 3]
+    (tmp_path / "h" / "config.json").write_text(json.dumps(raw))
+    assert Eagle3Drafter(load_head(str(tmp_path / "h"), target), target).layers == (1, 2, 4)
+    raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 1, 9]
+    (tmp_path / "h" / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(GraftError, match="eagle_aux_hidden_state_layer_ids must be 3 layer ids"):
+        load_head(str(tmp_path / "h"), target)
 
 
 def test_a_graft_head_loads_strictly_into_specforge_with_the_same_ttt(tmp_path):

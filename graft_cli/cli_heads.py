@@ -47,6 +47,9 @@ def train(
     eval_sequences: int = typer.Option(16, "--eval-sequences", help="Held-out sequences evaluated per checkpoint."),
     field: List[str] = typer.Option([], "--field", help="Record fields to read (JSONL/Parquet); default: auto."),
     max_documents: Optional[int] = typer.Option(None, "--max-documents", help="Read at most N documents."),
+    regenerate: bool = typer.Option(False, "--regenerate", help="Train on the target's own greedy answers to the "
+                                    "corpus' instructions (cached in the run directory; slow on a CPU)."),
+    regenerate_tokens: int = typer.Option(256, "--regenerate-tokens", help="Longest regenerated answer."),
     seed: int = typer.Option(0, "--seed", help="Seed of the initialisation and the data order."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda (bf16 autocast on CUDA)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (torch.set_num_threads)."),
@@ -61,7 +64,8 @@ def train(
         out=str(dest), fields=list(field), max_steps=max_steps, ttt=ttt, step_decay=step_decay,
         draft_vocab=draft_vocab, seq_len=seq_len, batch_size=batch_size, lr=lr, warmup=warmup,
         checkpoint_every=checkpoint_every, log_every=log_every, heldout_every=heldout_every, eval_sequences=eval_sequences,
-        max_documents=max_documents, seed=seed, device=device, threads=threads,
+        max_documents=max_documents, regenerate=regenerate,
+        regenerate_tokens=regenerate_tokens, seed=seed, device=device, threads=threads,
     )
     typer.echo(str(run_training(settings, resume=resume)))
 

@@ -485,3 +485,28 @@ def test_a_shipped_head_matches_its_readme(readme):
         assert "embed_tokens.weight" not in f.keys() and f.get_tensor("fc.weight").dtype == torch.bfloat16
     raw = json.loads((root / "config.json").read_text())
     assert raw["architectures"] == ["LlamaForCausalLMEagle3"] and "draft_vocab_size" in raw
+
+
+def test_regenerated_answers_are_the_targets_and_cached(tiny_target, corpus, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from graft_cli.heads.data import read_documents
+    from graft_cli.heads.regenerate import Regenerator
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_target).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_target)
+    cache = tmp_path / "regenerated.jsonl"
+    first = Regenerator(model, tokenizer, cache, max_new_tokens=6)
+    docs, _ = read_documents([str(corpus / "pairs.jsonl")], tokenizer, max_documents=5, regenerate=first.answer)
+    assert first.generated >= 5 and len(cache.read_text().splitlines()) == first.generated
+    with open(cache, "a") as f:
+        f.write('{"key": "cut sho')  # a killed run's last line
+    again = Regenerator(model, tokenizer, cache, max_new_tokens=6)
+    same, _ = read_documents([str(corpus / "pairs.jsonl")], tokenizer, max_documents=5, regenerate=again.answer)
+    assert again.generated == 0 and torch.equal(torch.from_numpy(same.tokens), torch.from_numpy(docs.tokens))
+    messages = [{"role": "user", "content": "Repeat: red"}]
+    ids = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = torch.tensor([tokenizer(ids, add_special_tokens=False)["input_ids"]])
+    greedy = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=6,
+                            pad_token_id=tokenizer.eos_token_id)
+    assert again.answer(messages) == tokenizer.decode(greedy[0, ids.shape[1]:], skip_special_tokens=True)

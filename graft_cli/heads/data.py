@@ -43,14 +43,18 @@ def chat_messages(record: Any) -> list[dict] | None:
     return [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
 
 
-def record_text(tokenizer: Any, fields: Sequence[str] | None) -> Callable[[Any], str | None]:
-    """A record's training text: chat-templated when it is a conversation and the tokenizer has a template."""
+def record_text(tokenizer: Any, fields: Sequence[str] | None,
+                regenerate: Callable[[list[dict]], str] | None = None) -> Callable[[Any], str | None]:
+    """A record's training text: chat-templated when it is a conversation and the tokenizer has a template;
+    ``regenerate`` (heads/regenerate.py) replaces a final assistant reply by the target's own."""
     templated = bool(getattr(tokenizer, "chat_template", None)) and not fields
 
     def text(record: Any) -> str | None:
         messages = chat_messages(record) if templated else None
         if messages is None:
             return extract_text(record, fields)
+        if regenerate is not None and messages[-1]["role"] == "assistant":
+            messages = [*messages[:-1], {"role": "assistant", "content": regenerate(messages[:-1])}]
         return tokenizer.apply_chat_template(messages, tokenize=False)
 
     return text
@@ -77,11 +81,12 @@ class Documents:
 
 
 def read_documents(sources: Sequence[str], tokenizer: Any, fields: Sequence[str] | None = None,
-                   max_documents: int | None = None) -> tuple[Documents, str]:
+                   max_documents: int | None = None,
+                   regenerate: Callable[[list[dict]], str] | None = None) -> tuple[Documents, str]:
     """Tokenise a corpus (datastores' readers: JSONL, Parquet/Arrow, folders); returns the documents and the
     corpus summary line. Documents of fewer than 2 tokens are dropped (nothing to predict)."""
     try:
-        corpus = Corpus(sources, fields=fields, record_text=record_text(tokenizer, fields))
+        corpus = Corpus(sources, fields=fields, record_text=record_text(tokenizer, fields, regenerate))
         pieces: list[np.ndarray] = []
         batch: list[str] = []
 

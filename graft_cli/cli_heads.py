@@ -97,11 +97,17 @@ def ship(
     run: str = typer.Option(..., "--run", help="The training run's checkpoint directory."),
     out: str = typer.Option(..., "--out", help="Head directory to write (e.g. graft_cli/heads/shipped/NAME)."),
     command: str = typer.Option("", "--command", help="The training command, recorded in the README."),
+    plot: Optional[str] = typer.Option(None, "--plot", help="Also draw the loss and acceptance curves to this PNG."),
 ) -> None:
     """Turn a run's newest checkpoint into a shipped head: bf16 weights, config, README with its sha256."""
     from graft_cli.heads.ship import ship as ship_head
 
-    typer.echo(str(ship_head(Path(run).expanduser(), Path(out).expanduser(), command)))
+    out_dir = ship_head(Path(run).expanduser(), Path(out).expanduser(), command)
+    if plot:
+        from graft_cli.plots import training_curves
+
+        training_curves(json.loads((out_dir / "training.json").read_text()), Path(plot).expanduser())
+    typer.echo(str(out_dir))
 
 
 @heads_app.command("eval")

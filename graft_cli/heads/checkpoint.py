@@ -123,8 +123,7 @@ def save_checkpoint(run: Path, step: int, head: TrainableHead, optimizer: torch.
     save_file(tensors, str(tmp / "state.safetensors"))
     state = {"step": step, "param_groups": opt["param_groups"], **meta}
     (tmp / "state.json").write_text(json.dumps(state, indent=1) + "\n")
-    write_head(head, target_config, tmp / "head", torch.bfloat16, {k: meta[k] for k in meta if k != "settings"}
-               | {"settings": meta.get("settings"), "step": step})
+    write_head(head, target_config, tmp / "head", torch.bfloat16, {"step": step, **meta})
     _publish(tmp, final)
     for old in run.glob(f"{PREFIX}*"):
         if old != final and old.is_dir():

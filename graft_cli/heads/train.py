@@ -10,6 +10,7 @@ is written atomically, so ``--resume`` continues a killed run exactly where its 
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -108,6 +109,7 @@ class StepResult:
     step_losses: list[float]
     correct: list[int]  # per TTT step: rows where the head's top-1 is the target's top-1
     rows: list[int]  # per TTT step: rows that count
+    weighted: float  # ``loss`` as a number, read back with the rest in one transfer
 
 
 def ttt_loss(head: TrainableHead, batch: Batch, lesson: Lesson, ttt: int, decay: float,
@@ -120,6 +122,7 @@ def ttt_loss(head: TrainableHead, batch: Batch, lesson: Lesson, ttt: int, decay:
         logits = head.unroll(lesson.features, steps)
     total = lesson.features.new_zeros(())
     losses, correct, rows = [], [], []
+    draft_ids = head.draft_ids()
     for k, lk in enumerate(logits):
         valid = (shift(batch.docs, 1 + k) == batch.docs) & (index + 1 + k < n)
         wanted = shift(lesson.argmax, 1 + k)
@@ -128,15 +131,15 @@ def ttt_loss(head: TrainableHead, batch: Batch, lesson: Lesson, ttt: int, decay:
         ce = -(shift(lesson.probs, 1 + k) * logp).sum(-1)
         loss_k = (ce * counted).sum() / counted.sum().clamp_min(1)
         total = total + decay**k * loss_k
-        losses.append(float(loss_k.detach()))
-        with torch.no_grad():
-            hit = (head.draft_ids()[lk.argmax(-1)] == wanted) & valid
-        correct.append(int(hit.sum()))
-        rows.append(int(valid.sum()))
-    return StepResult(total, losses, correct, rows)
+        losses.append(loss_k.detach())
+        correct.append(((draft_ids[lk.detach().argmax(-1)] == wanted) & valid).sum())
+        rows.append(valid.sum())
+    figures = torch.stack([torch.stack(losses), torch.stack(correct).float(), torch.stack(rows).float()]).tolist()
+    weighted = sum(decay**k * x for k, x in enumerate(figures[0]))
+    return StepResult(total, figures[0], [int(c) for c in figures[1]], [int(r) for r in figures[2]], weighted)
 
 
-def evaluate(head: TrainableHead, target: torch.nn.Module, batches: list[Batch], s: Settings, device: str,
+def heldout_metrics(head: TrainableHead, target: torch.nn.Module, batches: list[Batch], s: Settings, device: str,
              autocast: torch.dtype | None) -> dict:
     """Held-out loss and top-1 acceptance per TTT step."""
     head.eval()
@@ -146,7 +149,7 @@ def evaluate(head: TrainableHead, target: torch.nn.Module, batches: list[Batch],
             b = b.to(device)
             r = ttt_loss(head, b, teach(target, b, head.cfg.layers, head.draft_ids(), autocast), s.ttt,
                          s.step_decay, autocast)
-            loss += float(r.loss) / len(batches)
+            loss += r.weighted / len(batches)
             correct = [a + c for a, c in zip(correct, r.correct)]
             rows = [a + c for a, c in zip(rows, r.rows)]
     head.train()
@@ -177,8 +180,6 @@ def train(s: Settings, resume: bool = False, console: Any = None) -> Path:
         raise GraftError(f"{run} already holds a checkpoint: pass --resume to continue it, or another --run")
     state = None
     if latest is not None:
-        import json
-
         state = json.loads((latest / "state.json").read_text())
         s = settings_from_checkpoint(state, s)
     if s.threads:
@@ -229,13 +230,9 @@ def train(s: Settings, resume: bool = False, console: Any = None) -> Path:
     _loop(s, head, target, optimizer, packer, heldout, meta, start, device, autocast, console, run)
     out = Path(s.out).expanduser()
     last = ckpt.latest_checkpoint(run)
-    final = ckpt.write_head(head, target.config, out, torch.bfloat16, _training_record(meta, s.max_steps))
+    final = ckpt.write_head(head, target.config, out, torch.bfloat16, {"step": s.max_steps, **meta})
     console.print(f"head written to {final} (from {last})")
     return final
-
-
-def _training_record(meta: dict, step: int) -> dict:
-    return {"step": step, **{k: v for k, v in meta.items() if k != "history"}, "history": meta["history"]}
 
 
 def _loop(s: Settings, head: TrainableHead, target: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -265,7 +262,7 @@ def _loop(s: Settings, head: TrainableHead, target: torch.nn.Module, optimizer: 
             meta["tokens"] += n
             meta["seconds"] += time.perf_counter() - t
             window_tokens += n
-            window_loss.append(float(result.loss.detach()))
+            window_loss.append(result.weighted)
             done = step + 1
             if done % s.log_every == 0 or done == s.max_steps:
                 rate = window_tokens / max(time.perf_counter() - window_t, 1e-9)
@@ -278,7 +275,7 @@ def _loop(s: Settings, head: TrainableHead, target: torch.nn.Module, optimizer: 
                     console.print(f"step {done} tokens {meta['tokens']:,} {info}")
                 window_tokens, window_t, window_loss = 0, time.perf_counter(), []
             if done % s.checkpoint_every == 0 or done == s.max_steps:
-                ev = evaluate(head, target, heldout, s, device, autocast)
+                ev = heldout_metrics(head, target, heldout, s, device, autocast)
                 meta["evals"].append({"step": done, "tokens": meta["tokens"], **ev})
                 last_eval = ev["acceptance"]
                 path = ckpt.save_checkpoint(run, done, head, optimizer, meta, target.config)

@@ -510,3 +510,22 @@ def test_regenerated_answers_are_the_targets_and_cached(tiny_target, corpus, tmp
     greedy = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=6,
                             pad_token_id=tokenizer.eos_token_id)
     assert again.answer(messages) == tokenizer.decode(greedy[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+@pytest.mark.real_model
+@pytest.mark.skipif(not SHIPPED_HEADS, reason="no shipped head")
+def test_the_shipped_head_drafts_losslessly_for_the_default_model():
+    from graft_cli import methods
+    from graft_cli.loading import encode, load_model
+    from graft_cli.methods import MethodConfig
+    from graft_cli.graft import GraftProposer
+    from graft_cli.stats import Stats
+    from tests.test_eagle3 import run
+
+    loaded = load_model("smollm2-135m-instruct", "cpu")
+    name = SHIPPED_HEADS[0].parent.name
+    proposer = methods.build(MethodConfig("graft", 8, draft=f"eagle3:{name}"), loaded)
+    prompt = encode(loaded.tokenizer, "List three uses of a paperclip.")
+    stats = Stats()
+    assert run(loaded.model, proposer, prompt, 32, stats) == run(loaded.model, GraftProposer(0), prompt, 32)
+    assert stats.accepted.get("draft", 0) > 0  # a trained head gets drafts accepted

@@ -97,6 +97,7 @@ def write_head(head: TrainableHead, target_config: Any, out: Path, dtype: torch.
     out = Path(out)
     tmp = _fresh_tmp(out)
     save_file(head_tensors(head, dtype), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    os.chmod(tmp / "model.safetensors", 0o644)  # safetensors writes 0600; a shipped head is read by everyone
     (tmp / "config.json").write_text(json.dumps(head_config(head, target_config), indent=2, sort_keys=True) + "\n")
     (tmp / "training.json").write_text(json.dumps(training, indent=2) + "\n")
     if readme is not None:

@@ -524,8 +524,8 @@ def test_the_shipped_head_drafts_losslessly_for_the_default_model():
 
     loaded = load_model("smollm2-135m-instruct", "cpu")
     name = SHIPPED_HEADS[0].parent.name
-    proposer = methods.build(MethodConfig("graft", 8, draft=f"eagle3:{name}"), loaded)
+    proposer = methods.build(MethodConfig("dense", 8, draft=f"eagle3:{name}"), loaded)
     prompt = encode(loaded.tokenizer, "List three uses of a paperclip.")
     stats = Stats()
-    assert run(loaded.model, proposer, prompt, 32, stats) == run(loaded.model, GraftProposer(0), prompt, 32)
-    assert stats.accepted.get("draft", 0) > 0  # a trained head gets drafts accepted
+    assert run(loaded.model, proposer, prompt, 24, stats) == run(loaded.model, GraftProposer(0), prompt, 24)
+    assert stats.accepted.get("draft", 0) > 0  # a trained head gets drafts accepted (random weights: none)

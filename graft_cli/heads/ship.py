@@ -46,7 +46,7 @@ target's; fill it from the target for a strict load elsewhere).
   draft vocabulary {s['draft_vocab']:,} tokens covering {state.get('coverage', 0):.1%} of the training tokens
 - recipe: TTT {s['ttt']} steps, step weights {s['step_decay']}^k, sequences of {s['seq_len']} x {s['batch_size']},
   AdamW lr {s['lr']} (warm-up {s['warmup']}, cosine to step {s['max_steps']}), clip {s['grad_clip']}, seed {s['seed']}
-- trained: {state['step']:,} steps, {state['tokens']:,} tokens, {state['seconds'] / 3600:.2f} h of training
+- trained: {state['step']:,} steps, {state['tokens']:,} tokens, {state['seconds'] / 3600:.2f} h of wall time in training steps
 - final training loss (weighted sum over TTT steps): {loss}; held-out loss {last['loss']}
 
 Held-out top-1 acceptance per TTT step (the head's top-1 equals the target's, teacher-forced):

@@ -798,7 +798,7 @@ def uses_draft(spec: MethodSpec) -> bool:
 
 
 def build_runners(specs, loaded, draft_loaded, options, explicit: bool, warn: Callable[[str], None],
-                  method_opts: dict | None = None):
+                  method_opts: dict | None = None, draft_spec: str | None = None):
     """A runner per method spec; with ``all``, engine methods that cannot be built here (a datastore or a draft
     model missing) are left out with a warning instead of failing the run."""
     from graft_cli import methods
@@ -820,7 +820,7 @@ def build_runners(specs, loaded, draft_loaded, options, explicit: bool, warn: Ca
                 kwargs["assistant_model"] = draft_loaded.model
             runners.append(PeerRunner(spec.name, loaded.model, stop, device, **kwargs))
         else:
-            config = method_config(spec, options, draft_loaded.spec if draft_loaded else None, method_opts)
+            config = method_config(spec, options, draft_loaded.spec if draft_loaded else draft_spec, method_opts)
             try:
                 proposer = methods.build(config, loaded)
             except GraftError as e:
@@ -901,18 +901,23 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
 
     err.print(f"graft bench: {len(questions)} questions ({', '.join(categories)}) from {path}")
     loaded = load_model(opts.model, opts.device, opts.dtype)
-    draft_loaded = load_model(opts.draft, opts.device, opts.dtype) if opts.draft else None
+    head = bool(opts.draft) and opts.draft.startswith("eagle3:")  # a head is loaded by the drafter itself
+    draft_loaded = load_model(opts.draft, opts.device, opts.dtype) if opts.draft and not head else None
     device = loaded.device
     dtype = str(next(loaded.model.parameters()).dtype).replace("torch.", "")
     with shared_models(loaded, draft_loaded):
         runners, specs = build_runners(specs, loaded, draft_loaded, opts.options, explicit,
-                                       lambda m: err.print(f"graft: {m}"), opts.method_opts)
+                                       lambda m: err.print(f"graft: {m}"), opts.method_opts, opts.draft)
     names = [s.name for s in specs]
     stop = stop_ids(loaded)
     conv = Conversation(loaded.tokenizer, stop)
 
     checksum = model_checksum(loaded.path)
     draft_checksum = model_checksum(draft_loaded.path) if draft_loaded else None
+    if head:
+        from graft_cli.heads import resolve_head
+
+        draft_checksum = _file_sha256(resolve_head(opts.draft[len("eagle3:"):]) / "model.safetensors")
     data_sha = _file_sha256(path)
     commit = _git_commit()
     env = environment(device)

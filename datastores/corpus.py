@@ -28,7 +28,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Iterator, Sequence
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Sequence
 
 from datastores.errors import DatastoreError
 
@@ -206,7 +206,8 @@ class Corpus:
     ``fields``: dotted record paths for JSONL / Arrow rows. ``extensions``: the text extensions a directory
     walk picks up (default :data:`TEXT_EXTENSIONS`). ``stdin_format``: ``auto`` (JSONL when the first non-blank
     line starts with ``{``), ``jsonl`` or ``text``. ``chunk_chars``: text files are cut into documents of about
-    this many characters at line boundaries.
+    this many characters at line boundaries. ``record_text``: a record's text in place of :func:`extract_text`
+    (training chat-templates instruction/response records).
     """
 
     def __init__(
@@ -218,6 +219,7 @@ class Corpus:
         stdin_format: str = "auto",
         chunk_chars: int = 1 << 20,
         stdin: BinaryIO | None = None,
+        record_text: Callable[[Any], str | None] | None = None,
     ) -> None:
         if not sources:
             raise DatastoreError("no corpus given")
@@ -229,6 +231,7 @@ class Corpus:
         self.stdin_format = stdin_format
         self.chunk_chars = max(int(chunk_chars), 1024)
         self._stdin = stdin
+        self._record_text = record_text or (lambda record: extract_text(record, self.fields))
         self.stats = CorpusStats()
         if self.sources.count("-") > 1:
             raise DatastoreError("standard input (-) can be read only once")
@@ -330,7 +333,7 @@ class Corpus:
             except ValueError:
                 self._skip_record(info, "invalid JSON")
                 continue
-            yield from self._emit(extract_text(record, self.fields), info, missing)
+            yield from self._emit(self._record_text(record), info, missing)
         info.bytes, info.sha256 = size, h.hexdigest()
 
     def _read_text(self, f: BinaryIO, info: SourceInfo, first: bytes = b"") -> Iterator[str]:
@@ -408,7 +411,7 @@ class Corpus:
                 cols = {c: batch.column(c).to_pylist() for c in columns}
                 for i in range(batch.num_rows):
                     record = {c: cols[c][i] for c in columns}
-                    yield from self._emit(extract_text(record, self.fields), info, missing)
+                    yield from self._emit(self._record_text(record), info, missing)
         except (pa.ArrowInvalid, pa.ArrowIOError) as e:
             raise _SkipFile(f"unreadable {fmt} ({str(e).splitlines()[0]})") from e
         info.bytes, info.sha256 = _file_digest(path)

@@ -795,7 +795,7 @@ def uses_draft(spec: MethodSpec) -> bool:
 
 
 def build_runners(specs, loaded, draft_loaded, options, explicit: bool, warn: Callable[[str], None],
-                  method_opts: dict | None = None):
+                  method_opts: dict | None = None, draft_spec: str | None = None):
     """A runner per method spec; with ``all``, engine methods that cannot be built here (a datastore or a draft
     model missing) are left out with a warning instead of failing the run."""
     from graft_cli import methods
@@ -817,7 +817,7 @@ def build_runners(specs, loaded, draft_loaded, options, explicit: bool, warn: Ca
                 kwargs["assistant_model"] = draft_loaded.model
             runners.append(PeerRunner(spec.name, loaded.model, stop, device, **kwargs))
         else:
-            config = method_config(spec, options, draft_loaded.spec if draft_loaded else None, method_opts)
+            config = method_config(spec, options, draft_loaded.spec if draft_loaded else draft_spec, method_opts)
             try:
                 proposer = methods.build(config, loaded)
             except GraftError as e:
@@ -903,12 +903,14 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     err.print(f"graft bench: {len(questions)} questions ({', '.join(categories)}) from {path}")
     loaded = load_model(opts.model, opts.device, opts.dtype, opts.device_map)
     device = loaded.device
-    # a sharded target's draft sits whole where the target's inputs go
-    draft_loaded = load_model(opts.draft, device if opts.device_map else opts.device, opts.dtype) if opts.draft else None
+    # a sharded target's draft sits whole where the target's inputs go; a head is loaded by the drafter itself
+    head = bool(opts.draft) and opts.draft.startswith("eagle3:")
+    draft_device = device if opts.device_map else opts.device
+    draft_loaded = load_model(opts.draft, draft_device, opts.dtype) if opts.draft and not head else None
     dtype = str(next(loaded.model.parameters()).dtype).replace("torch.", "")
     with shared_models(loaded, draft_loaded):
         runners, specs = build_runners(specs, loaded, draft_loaded, opts.options, explicit,
-                                       lambda m: err.print(f"graft: {m}"), opts.method_opts)
+                                       lambda m: err.print(f"graft: {m}"), opts.method_opts, opts.draft)
     names = [s.name for s in specs]
     stop = stop_ids(loaded)
     depth = max(reach_depth(s, opts, draft_loaded, device) for s in specs)
@@ -919,6 +921,10 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
 
     checksum = model_checksum(loaded.path)
     draft_checksum = model_checksum(draft_loaded.path) if draft_loaded else None
+    if head:
+        from graft_cli.heads import resolve_head
+
+        draft_checksum = _file_sha256(resolve_head(opts.draft[len("eagle3:"):]) / "model.safetensors")
     data_sha = _file_sha256(path)
     commit = _git_commit()
     env = environment(device)

@@ -16,6 +16,7 @@ except ImportError:  # pragma: no cover - older typer on plain click
 
 from graft_cli.cli_bench import bench
 from graft_cli.cli_generate import generate
+from graft_cli.cli_heads import heads_app
 from graft_cli.cli_index import index_app
 from graft_cli.cli_models import models_app
 from graft_cli.cli_plugins import plugins_app
@@ -31,6 +32,7 @@ app = typer.Typer(
 app.command()(generate)
 app.command()(bench)
 app.add_typer(index_app, name="index", help="Build and manage on-disk token datastores.")
+app.add_typer(heads_app, name="heads", help="EAGLE-3 draft heads: train, list, evaluate, ship.")
 app.add_typer(models_app, name="models", help="The model catalog: list, pull, inspect and remove models.")
 app.add_typer(plugins_app, name="plugins", help="Retriever plugins discovered through entry points.")
 

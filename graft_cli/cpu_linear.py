@@ -13,17 +13,15 @@ one-token forward only streams it. The remedy, measured (docs/benchmarks.md, "CP
 
 The packed copy costs as much memory as the weights, so a model is packed only when the machine has room for the
 copy (``GRAFT_CPU_PACK=0`` never packs, ``=1`` always does); otherwise its layers run oneDNN over the plain
-weight. Once packed, a layer's plain weight is released (nothing reads it again: the forward uses the packed
-copy) unless another module shares it (tied input embeddings). That frees the memory where the weights were
-converted on load (a bf16 checkpoint run in fp32); fp32 safetensors are memory-mapped, and their pages stay
-mapped (reclaimable page cache, but counted as resident) until the file's last tensor goes. The summation order changes in the last bits, as it already did between MKL's kernels for different row
-counts; greedy outputs stay identical to plain decoding in the same process, which is what the tests check.
+weight. The plain weight stays: other code reads it (an EAGLE-3 head's training copies the target's LM head rows,
+``--draft-vocab`` slices a draft's), and releasing it lowered no measured peak (fp32 safetensors are
+memory-mapped: their pages stay resident until the file's last tensor goes). The summation order changes in
+the last bits, as it already did between MKL's kernels for different row counts; greedy outputs stay identical to plain decoding in the same process, which is what the tests check.
 """
 
 from __future__ import annotations
 
 import os
-from collections import Counter
 from functools import cache
 from pathlib import Path
 
@@ -77,13 +75,10 @@ def use_cpu_linears(model: nn.Module, pack: bool | None = None) -> None:
     if pack is None:
         need = sum(m.weight.numel() * m.weight.element_size() for m in layers)
         pack = need <= MEMORY_SHARE * available_memory()
-    uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     for module in layers:
         module.__class__ = CpuLinear
         if pack:
             module.packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PACK_BATCH)
-            if uses[id(module.weight)] == 1:  # not tied to an embedding: the packed copy replaces it
-                module.weight = nn.Parameter(module.weight.new_empty((0, module.in_features)), requires_grad=False)
 
 
 def available_memory() -> int:

@@ -86,9 +86,12 @@ def parse_device_map(text: str | None) -> str | dict | None:
     return text
 
 
-def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map: str | dict | None = None) -> Loaded:
+def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map: str | dict | None = None,
+               fast_cpu: bool = True) -> Loaded:
     """A catalog name or a local path (HF directory or .gguf) to a ready model on ``device``, or sharded by
-    ``device_map`` (accelerate's placement; see the module docstring)."""
+    ``device_map`` (accelerate's placement; see the module docstring). ``fast_cpu``: the CPU kernels below
+    (training packs its own: whether weights get packed here depends on free memory, and a resumed run must compute
+    the same bits as the run it continues)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -116,7 +119,7 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map:
     if device_map is None:
         model.to(device)
     model.eval()
-    if device == "cpu" and device_map is None:  # accelerate's hooks own a sharded model's modules: leave them be
+    if device == "cpu" and device_map is None and fast_cpu:  # a sharded model's modules belong to accelerate
         cpu_kernels(model)
     return Loaded(model, tokenizer, Path(path), spec)
 

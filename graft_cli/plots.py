@@ -106,3 +106,28 @@ def pareto(results: dict, path: Path) -> Path:
 def write_all(out_dir: Path, results: dict) -> list[Path]:
     out_dir = Path(out_dir)
     return [speedup_by_category(results, out_dir / "speedup_by_category.png"), pareto(results, out_dir / "pareto.png")]
+
+
+def training_curves(state: dict, path: Path) -> Path:
+    """A head's training (``graft heads ship --plot``): the loss against tokens seen, and the held-out top-1
+    acceptance of each TTT step at every checkpoint."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    history = state["history"]
+    left.plot([h[1] for h in history], [h[2] for h in history], color="tab:blue", label="training (weighted sum)")
+    evals = state["evals"]
+    left.plot([e["tokens"] for e in evals], [e["loss"] for e in evals], "o-", color="tab:orange", label="held out")
+    left.set_xlabel("tokens seen")
+    left.set_ylabel("loss")
+    left.legend()
+    steps = len(evals[-1]["acceptance"]) if evals else 0
+    for k in range(steps):
+        right.plot([e["tokens"] for e in evals], [e["acceptance"][k] for e in evals], "o-", label=f"step {k}")
+    right.set_xlabel("tokens seen")
+    right.set_ylabel("held-out top-1 acceptance")
+    right.legend(fontsize=8, ncol=2)
+    s = state["settings"]
+    fig.suptitle(f"EAGLE-3 head for {s['model']}: {state['step']:,} steps, {state['tokens']:,} tokens")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -334,17 +334,9 @@ def test_auto_budget_follows_the_cost_curve():
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     """A 1-layer, 32-wide random Llama with SmolLM2's vocabulary, saved with the real SmolLM2 tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+    from tests.tiny import tiny_smollm2
 
-    from graft_cli.catalog import resolve_model
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct"))
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
-                         initializer_range=0.3, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
-                         pad_token_id=2)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model, tokenizer = tiny_smollm2()
     path = tmp_path_factory.mktemp("tiny") / "tiny-smollm2"
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

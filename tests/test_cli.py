@@ -51,7 +51,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, stdin, message, capsys, monkeypa
 def test_help_lists_the_whole_command_tree(capsys):
     code, out, _ = run_main(["--help"], capsys)
     assert code == 0
-    for command in ("generate", "index", "bench", "models", "plugins"):
+    for command in ("generate", "index", "bench", "models", "heads", "plugins"):
         assert command in out
 
 

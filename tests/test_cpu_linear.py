@@ -24,7 +24,7 @@ def test_every_row_count_gives_the_linear_product(shape, bias, pack):
     weight = layer.weight.detach().clone()
     use_cpu_linears(layer, pack=pack)
     assert type(layer) is CpuLinear and (layer.packed is not None) == pack
-    assert layer.weight.numel() == (0 if pack else weight.numel())  # a packed layer keeps one copy, not two
+    assert torch.equal(layer.weight, weight)  # the plain weight stays: an EAGLE-3 trainer or --draft-vocab reads it
     for rows in (1, 2, 3, 4, 5, 6, 9):
         x = torch.randn(1, rows, shape[1])
         got = layer(x)
@@ -49,7 +49,6 @@ def test_tied_weights_stay_tied_and_other_dtypes_are_left_alone():
     model.lm_head.weight = model.model.embed_tokens.weight
     use_cpu_linears(model)
     assert type(model.lm_head) is CpuLinear and model.lm_head.weight is model.model.embed_tokens.weight
-    assert model.lm_head.weight.numel() > 0  # the embedding still reads it
     half = torch.nn.Linear(4, 4).to(torch.bfloat16)
     use_cpu_linears(half)
     assert type(half) is torch.nn.Linear

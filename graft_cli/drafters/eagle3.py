@@ -14,6 +14,7 @@ tokens are fed again with the target's real features, as EAGLE does.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -42,11 +43,71 @@ class HeadConfig:
     rope_theta: float
     eps: float
     act: str
+    rope_scaling: dict | None = None  # {"rope_type": "llama3" | "linear" | "default", "factor": ..., ...}
+    layers: tuple[int, ...] | None = None  # entries of the target's hidden_states tuple; None: layer_indices
 
 
 def layer_indices(num_layers: int) -> tuple[int, int, int]:
     """Which entries of the target's ``hidden_states`` tuple (inputs of decoder layers) the head fuses."""
     return 2, num_layers // 2, num_layers - 3
+
+
+def head_layers(cfg: HeadConfig, num_layers: int) -> tuple[int, ...]:
+    return cfg.layers if cfg.layers is not None else layer_indices(num_layers)
+
+
+def rope_frequencies(cfg: HeadConfig, device: torch.device | str) -> torch.Tensor:
+    """RoPE inverse frequencies, with the scaling a head was trained with (Llama-3.1 heads use ``llama3``)."""
+    half = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32, device=device) / cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta**half)
+    scaling = cfg.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "linear":
+        return inv_freq / float(scaling["factor"])
+    if kind == "llama3":
+        factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        original = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (original / wavelen - low) / (high - low) if high != low else torch.zeros_like(inv_freq)
+        mid = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        return torch.where(wavelen < original / high, inv_freq, torch.where(wavelen > original / low, inv_freq / factor, mid))
+    return inv_freq
+
+
+def _rope_config(raw: dict, rope_theta: float | None) -> tuple[float, dict | None]:
+    """The RoPE base and scaling from a head's config: transformers-5 ``rope_parameters`` or the older
+    top-level ``rope_theta`` + ``rope_scaling``; ``rope_theta`` (an option) overrides the base."""
+    params = raw.get("rope_parameters")
+    scaling = dict(params) if isinstance(params, dict) else raw.get("rope_scaling")
+    base = (params or {}).get("rope_theta") if isinstance(params, dict) else None
+    theta = float(rope_theta or base or raw.get("rope_theta") or 10000.0)
+    if scaling is not None:
+        if not isinstance(scaling, dict):
+            raise ValueError("rope_scaling must be an object")
+        scaling.pop("rope_theta", None)
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        needs = {"default": (), "linear": ("factor",),
+                 "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+        if kind not in needs:
+            raise ValueError(f"unsupported RoPE scaling '{kind}' (default, linear or llama3)")
+        missing = [k for k in needs[kind] if scaling.get(k) is None]
+        if missing:
+            raise ValueError(f"{kind} RoPE scaling lacks {', '.join(missing)}")
+        if kind == "default":
+            scaling = None
+    return theta, scaling
+
+
+def _aux_layers(raw: dict, num_layers: int) -> tuple[int, ...] | None:
+    """``eagle_aux_hidden_state_layer_ids`` (outputs of those decoder layers) as hidden_states indices."""
+    ids = raw.get("eagle_aux_hidden_state_layer_ids")
+    if ids is None:
+        ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if ids is None:
+        return None
+    if not isinstance(ids, list) or len(ids) != 3 or not all(isinstance(i, int) and 0 <= i < num_layers for i in ids):
+        raise ValueError(f"eagle_aux_hidden_state_layer_ids must be 3 layer ids in 0..{num_layers - 1}, got {ids}")
+    return tuple(i + 1 for i in ids)
 
 
 def expected_shapes(cfg: HeadConfig, target_hidden: int) -> dict[str, tuple[int, ...]]:
@@ -74,8 +135,7 @@ class Eagle3Head:
     def __init__(self, cfg: HeadConfig, weights: dict[str, torch.Tensor], embed: torch.Tensor, d2t: torch.Tensor) -> None:
         self.cfg, self.w, self.embed, self.d2t = cfg, weights, embed, d2t
         device = embed.device
-        half = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32, device=device) / cfg.head_dim
-        self.inv_freq = 1.0 / (cfg.rope_theta**half)
+        self.inv_freq = rope_frequencies(cfg, device)
         self.act = ACTIVATIONS[cfg.act]
         self.reset()
 
@@ -155,22 +215,27 @@ class Eagle3Head:
 def load_head(path: str, target: torch.nn.Module, rope_theta: float | None = None) -> Eagle3Head:
     """Read an EAGLE-3 head directory (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``) for
     ``target``. Every problem is one line of GraftError naming the directory."""
-    root = Path(path).expanduser()
+    from graft_cli.heads import resolve_head
+
+    root = resolve_head(path)
     where = f"eagle3 head {path}"
-    if not root.is_dir():
-        raise GraftError(f"{where}: not a directory")
     try:
         raw = json.loads((root / "config.json").read_text())
     except FileNotFoundError:
         raise GraftError(f"{where}: no config.json") from None
     except (OSError, ValueError) as e:
         raise GraftError(f"{where}: config.json is unreadable ({str(e).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise GraftError(f"{where}: config.json is not a JSON object")
+    if raw.get("fc_norm"):
+        raise GraftError(f"{where}: heads with fc_norm are not supported")
     tconf = target.config
     target_hidden = tconf.hidden_size
     embed_target = target.get_input_embeddings().weight
     vocab = embed_target.shape[0]
     try:
         hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+        theta, scaling = _rope_config(raw, rope_theta)
         cfg = HeadConfig(
             hidden=hidden,
             heads=heads,
@@ -179,9 +244,11 @@ def load_head(path: str, target: torch.nn.Module, rope_theta: float | None = Non
             intermediate=int(raw["intermediate_size"]),
             vocab=int(raw.get("vocab_size") or vocab),
             draft_vocab=int(raw.get("draft_vocab_size") or raw.get("vocab_size") or vocab),
-            rope_theta=float(rope_theta or raw.get("rope_theta") or 10000.0),
+            rope_theta=theta,
             eps=float(raw.get("rms_norm_eps") or 1e-6),
             act=str(raw.get("hidden_act") or "silu"),
+            rope_scaling=scaling,
+            layers=_aux_layers(raw, tconf.num_hidden_layers),
         )
     except KeyError as e:
         raise GraftError(f"{where}: config.json lacks {e.args[0]}") from None
@@ -254,7 +321,7 @@ class Eagle3Drafter(TreeDrafter):
                  prune: PruneSchedule | None = None, chain: bool = False) -> None:
         super().__init__(depth, top_k, prune, chain)
         self.head = head
-        self.layers = layer_indices(target.config.num_hidden_layers)
+        self.layers = head_layers(head.cfg, target.config.num_hidden_layers)
         self.num_states = target.config.num_hidden_layers + 1
         self.pending_features: list[torch.Tensor] = []  # [n, 3·Ht] target features of pairs not yet fed
         self.pending_tokens: list[int] = []

@@ -1,0 +1,187 @@
+"""Training data for a head: corpus records to token documents (chat-templated where a record is an
+instruction and its response), a held-out split, the draft vocabulary, and packed batches.
+
+Every batch is a pure function of (seed, step), so a resumed run sees exactly the batches it would have seen:
+epoch ``e`` packs the training documents in the order of a permutation seeded with ``seed + e``, cut into
+sequences of ``seq_len`` tokens; a document keeps its own positions and never attends across its boundary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from datastores.corpus import Corpus, extract_text
+from datastores.errors import DatastoreError
+from graft_cli.errors import GraftError
+
+PROMPT_KEYS = ("instruction", "question", "prompt")
+ANSWER_KEYS = ("response", "output", "answer", "completion")
+TOKENIZE_BATCH = 256
+
+
+def chat_messages(record: Any) -> list[dict] | None:
+    """An instruction/response record (``instruction`` [+ ``input``] / ``response``, ``question`` / ``answer``,
+    ...) or a ``messages`` list as chat messages; ``None`` for anything else."""
+    if not isinstance(record, dict):
+        return None
+    messages = record.get("messages")
+    if isinstance(messages, list) and messages and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
+    ):
+        return [{"role": m["role"], "content": m["content"]} for m in messages]
+    prompt = next((record[k] for k in PROMPT_KEYS if isinstance(record.get(k), str) and record[k].strip()), None)
+    answer = next((record[k] for k in ANSWER_KEYS if isinstance(record.get(k), str) and record[k].strip()), None)
+    if prompt is None or answer is None:
+        return None
+    extra = record.get("input")
+    if isinstance(extra, str) and extra.strip():
+        prompt = f"{prompt}\n\n{extra}"
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+
+
+def record_text(tokenizer: Any, fields: Sequence[str] | None,
+                regenerate: Callable[[list[dict]], str] | None = None) -> Callable[[Any], str | None]:
+    """A record's training text: chat-templated when it is a conversation and the tokenizer has a template;
+    ``regenerate`` (heads/regenerate.py) replaces a final assistant reply by the target's own."""
+    templated = bool(getattr(tokenizer, "chat_template", None)) and not fields
+
+    def text(record: Any) -> str | None:
+        messages = chat_messages(record) if templated else None
+        if messages is None:
+            return extract_text(record, fields)
+        if regenerate is not None and messages[-1]["role"] == "assistant":
+            messages = [*messages[:-1], {"role": "assistant", "content": regenerate(messages[:-1])}]
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+
+    return text
+
+
+@dataclass
+class Documents:
+    """Token documents back to back: document i is ``tokens[starts[i]:starts[i + 1]]``."""
+
+    tokens: np.ndarray  # int64
+    starts: np.ndarray  # int64, len = documents + 1
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.starts)
+
+    def subset(self, index: np.ndarray) -> "Documents":
+        pieces = [self.tokens[self.starts[i]:self.starts[i + 1]] for i in index]
+        starts = np.concatenate([[0], np.cumsum([len(p) for p in pieces])]).astype(np.int64)
+        tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+        return Documents(tokens.astype(np.int64), starts)
+
+
+def read_documents(sources: Sequence[str], tokenizer: Any, fields: Sequence[str] | None = None,
+                   max_documents: int | None = None,
+                   regenerate: Callable[[list[dict]], str] | None = None) -> tuple[Documents, str]:
+    """Tokenise a corpus (datastores' readers: JSONL, Parquet/Arrow, folders); returns the documents and the
+    corpus summary line. Documents of fewer than 2 tokens are dropped (nothing to predict)."""
+    try:
+        corpus = Corpus(sources, fields=fields, record_text=record_text(tokenizer, fields, regenerate))
+        pieces: list[np.ndarray] = []
+        batch: list[str] = []
+
+        def flush() -> None:
+            for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]:
+                if len(ids) >= 2:
+                    pieces.append(np.asarray(ids, dtype=np.int64))
+            batch.clear()
+
+        for text in corpus:
+            batch.append(text)
+            if len(batch) == TOKENIZE_BATCH:
+                flush()
+            if max_documents is not None and len(pieces) + len(batch) >= max_documents:
+                break
+        flush()
+    except DatastoreError as e:
+        raise GraftError(str(e)) from None
+    if not pieces:
+        raise GraftError(f"the corpus has no documents to train on ({corpus.stats.summary()})")
+    pieces = pieces[:max_documents] if max_documents else pieces
+    starts = np.concatenate([[0], np.cumsum([len(p) for p in pieces])]).astype(np.int64)
+    return Documents(np.concatenate(pieces), starts), corpus.stats.summary()
+
+
+def split(docs: Documents, heldout_every: int) -> tuple[Documents, Documents]:
+    """Every ``heldout_every``-th document is held out (a fixed, corpus-order split)."""
+    index = np.arange(len(docs))
+    held = index % heldout_every == heldout_every // 2
+    if held.all() or not held.any():
+        raise GraftError(f"the corpus has {len(docs)} documents: too few for a held-out split of 1 in {heldout_every}")
+    return docs.subset(index[~held]), docs.subset(index[held])
+
+
+def draft_vocabulary(docs: Documents, vocab: int, size: int) -> tuple[torch.Tensor, float]:
+    """The ``size`` most frequent target tokens of the training data (ties to the lower id), ascending, and the
+    share of training tokens they cover."""
+    if not 0 < size <= vocab:
+        raise GraftError(f"--draft-vocab must be in 1..{vocab}, got {size}")
+    counts = np.bincount(docs.tokens, minlength=vocab)[:vocab]
+    order = np.lexsort((np.arange(vocab), -counts))[:size]
+    return torch.from_numpy(np.sort(order)), float(counts[order].sum() / max(counts.sum(), 1))
+
+
+@dataclass
+class Batch:
+    tokens: torch.Tensor  # [B, L]
+    positions: torch.Tensor  # [B, L] position inside its document
+    docs: torch.Tensor  # [B, L] a document id, unique inside the batch
+
+    def to(self, device: torch.device | str) -> "Batch":
+        return Batch(self.tokens.to(device), self.positions.to(device), self.docs.to(device))
+
+
+class Packer:
+    """Packed sequences of one document set; batch ``b`` of epoch ``e`` is the same on every call."""
+
+    def __init__(self, docs: Documents, seq_len: int, batch_size: int, seed: int) -> None:
+        self.docs, self.seq_len, self.batch_size, self.seed = docs, seq_len, batch_size, seed
+        self.sequences = int(docs.starts[-1]) // seq_len
+        if self.sequences < batch_size:
+            raise GraftError(f"{int(docs.starts[-1]):,} tokens make {self.sequences} sequences of {seq_len}: "
+                             f"fewer than one batch of {batch_size}")
+        self.batches_per_epoch = self.sequences // batch_size
+        self._epoch: tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+
+    def _pack(self, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        d = self.docs.subset(order)
+        lengths = d.lengths()
+        doc_of = np.repeat(np.arange(len(lengths)), lengths)
+        positions = np.arange(len(d.tokens)) - np.repeat(d.starts[:-1], lengths)
+        n = self.sequences * self.seq_len
+        shape = (self.sequences, self.seq_len)
+        return d.tokens[:n].reshape(shape), positions[:n].reshape(shape), doc_of[:n].reshape(shape)
+
+    def epoch(self, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._epoch is None or self._epoch[0] != e:
+            gen = torch.Generator().manual_seed(self.seed + e)
+            order = torch.randperm(len(self.docs), generator=gen).numpy()
+            self._epoch = (e, self._pack(order))
+        return self._epoch[1]
+
+    def batch(self, step: int) -> Batch:
+        """The batch of training step ``step`` (0-based), epochs following each other."""
+        e, b = divmod(step, self.batches_per_epoch)
+        tokens, positions, docs = self.epoch(e)
+        rows = slice(b * self.batch_size, (b + 1) * self.batch_size)
+        return Batch(*(torch.from_numpy(np.ascontiguousarray(a[rows])) for a in (tokens, positions, docs)))
+
+    def fixed(self, count: int) -> list[Batch]:
+        """The first ``count`` sequences in corpus order, in batches (the held-out set)."""
+        tokens, positions, docs = self._pack(np.arange(len(self.docs)))
+        count = min(count, self.sequences)
+        out = []
+        for start in range(0, count, self.batch_size):
+            rows = slice(start, min(start + self.batch_size, count))
+            out.append(Batch(*(torch.from_numpy(np.ascontiguousarray(a[rows])) for a in (tokens, positions, docs))))
+        return out

@@ -1,0 +1,283 @@
+"""``graft heads train``: an EAGLE-3 head for a Llama/Qwen-architecture target, trained online against it.
+
+The recipe (docs/heads.md): the target, without gradients, gives per packed batch its hidden states at three
+layers and its next-token distribution over the draft vocabulary; the head runs the training-time test for K
+steps, each step feeding its own output back; the loss at step k is the cross-entropy of the head's draft
+distribution against the target's (soft targets), weighted ``decay**k``. AdamW, linear warm-up then cosine decay,
+gradient clipping. Every batch is a function of (seed, step) and every ``checkpoint_every`` steps the full state
+is written atomically, so ``--resume`` continues a killed run exactly where its last checkpoint left it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from graft_cli.drafters.eagle3 import HeadConfig, layer_indices
+from graft_cli.errors import GraftError
+from graft_cli.heads import checkpoint as ckpt
+from graft_cli.heads.data import Batch, Packer, draft_vocabulary, read_documents, split
+from graft_cli.heads.model import TrainableHead, context_mask, shift, step_inputs
+from graft_cli.heads.teacher import Lesson, teach
+
+
+@dataclass
+class Settings:
+    """Everything that defines a run; stored in every checkpoint (a resume keeps them, but for the few
+    ``RESUMABLE`` ones it may change)."""
+
+    model: str
+    data: list[str]
+    run: str
+    out: str
+    fields: list[str] = field(default_factory=list)
+    max_steps: int = 2000
+    ttt: int = 7
+    step_decay: float = 0.8
+    draft_vocab: int = 8192
+    seq_len: int = 512
+    batch_size: int = 4
+    lr: float = 3e-4
+    warmup: int = 50
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    seed: int = 0
+    heldout_every: int = 100
+    eval_sequences: int = 16
+    checkpoint_every: int = 100
+    log_every: int = 10
+    max_documents: int | None = None
+    regenerate: bool = False
+    regenerate_tokens: int = 256
+    device: str = "auto"
+    threads: int | None = None
+
+
+RESUMABLE = ("max_steps", "checkpoint_every", "log_every", "threads", "device", "out")
+
+
+def lr_at(s: Settings, step: int) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to 0 at ``max_steps``."""
+    if step < s.warmup:
+        return s.lr * (step + 1) / s.warmup
+    span = max(s.max_steps - s.warmup, 1)
+    return s.lr * 0.5 * (1 + math.cos(math.pi * min(step - s.warmup, span) / span))
+
+
+def draft_config(target_config: Any, draft_vocab: int) -> HeadConfig:
+    """The head's shape: the target's own layer width, heads and MLP (SpecForge's choice for its targets)."""
+    t = target_config
+    heads = t.num_attention_heads
+    rope = getattr(t, "rope_parameters", None) or {}
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"} if rope.get("rope_type", "default") != "default" else None
+    return HeadConfig(
+        hidden=t.hidden_size, heads=heads, kv_heads=getattr(t, "num_key_value_heads", None) or heads,
+        head_dim=getattr(t, "head_dim", None) or t.hidden_size // heads, intermediate=t.intermediate_size,
+        vocab=t.vocab_size, draft_vocab=draft_vocab, rope_theta=float(rope.get("rope_theta", 10000.0)),
+        eps=float(t.rms_norm_eps), act=t.hidden_act, rope_scaling=scaling,
+        layers=layer_indices(t.num_hidden_layers),
+    )
+
+
+def new_head(target: torch.nn.Module, cfg: HeadConfig, draft_ids: torch.Tensor, seed: int) -> TrainableHead:
+    """A fresh head; ``lm_head`` starts as the target's output rows of the draft vocabulary and ``norm`` as the
+    target's final norm (the head learns to produce what the target's last layer would)."""
+    torch.manual_seed(seed)
+    embed = target.get_input_embeddings().weight
+    head = TrainableHead(cfg, target.config.hidden_size, embed).to(embed.device)
+    head.set_vocab(draft_ids)
+    with torch.no_grad():
+        out = target.get_output_embeddings().weight
+        if out.shape[1] == cfg.hidden:
+            head.lm_head.weight.copy_(out.index_select(0, draft_ids.to(out.device)).float())
+        final = getattr(target.model, "norm", None)
+        if final is not None and final.weight.shape == head.norm.weight.shape:
+            head.norm.weight.copy_(final.weight.float())
+    return head
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor  # weighted sum over TTT steps (what is optimised)
+    step_losses: list[float]
+    correct: list[int]  # per TTT step: rows where the head's top-1 is the target's top-1
+    rows: list[int]  # per TTT step: rows that count
+    weighted: float  # ``loss`` as a number, read back with the rest in one transfer
+
+
+def ttt_loss(head: TrainableHead, batch: Batch, lesson: Lesson, ttt: int, decay: float,
+             autocast: torch.dtype | None) -> StepResult:
+    n = batch.tokens.shape[1]
+    index = torch.arange(n, device=batch.tokens.device)
+    context = context_mask(batch.docs, torch.float32)
+    steps = [step_inputs(batch.tokens, batch.positions, k, context) for k in range(ttt)]
+    with torch.autocast(batch.tokens.device.type, dtype=autocast, enabled=autocast is not None):
+        logits = head.unroll(lesson.features, steps)
+    total = lesson.features.new_zeros(())
+    losses, correct, rows = [], [], []
+    draft_ids = head.draft_ids()
+    for k, lk in enumerate(logits):
+        valid = (shift(batch.docs, 1 + k) == batch.docs) & (index + 1 + k < n)
+        wanted = shift(lesson.argmax, 1 + k)
+        counted = valid & head.t2d[wanted]  # rows whose target top-1 the draft vocabulary can say
+        logp = F.log_softmax(lk.float(), dim=-1)
+        ce = -(shift(lesson.probs, 1 + k) * logp).sum(-1)
+        loss_k = (ce * counted).sum() / counted.sum().clamp_min(1)
+        total = total + decay**k * loss_k
+        losses.append(loss_k.detach())
+        correct.append(((draft_ids[lk.detach().argmax(-1)] == wanted) & valid).sum())
+        rows.append(valid.sum())
+    figures = torch.stack([torch.stack(losses), torch.stack(correct).float(), torch.stack(rows).float()]).tolist()
+    weighted = sum(decay**k * x for k, x in enumerate(figures[0]))
+    return StepResult(total, figures[0], [int(c) for c in figures[1]], [int(r) for r in figures[2]], weighted)
+
+
+def heldout_metrics(head: TrainableHead, target: torch.nn.Module, batches: list[Batch], s: Settings, device: str,
+             autocast: torch.dtype | None) -> dict:
+    """Held-out loss and top-1 acceptance per TTT step."""
+    head.eval()
+    correct, rows, loss = [0] * s.ttt, [0] * s.ttt, 0.0
+    with torch.no_grad():
+        for b in batches:
+            b = b.to(device)
+            r = ttt_loss(head, b, teach(target, b, head.cfg.layers, head.draft_ids(), autocast), s.ttt,
+                         s.step_decay, autocast)
+            loss += r.weighted / len(batches)
+            correct = [a + c for a, c in zip(correct, r.correct)]
+            rows = [a + c for a, c in zip(rows, r.rows)]
+    head.train()
+    return {"loss": round(loss, 4), "acceptance": [round(c / max(n, 1), 4) for c, n in zip(correct, rows)]}
+
+
+def settings_from_checkpoint(state: dict, given: Settings) -> Settings:
+    saved = Settings(**{f.name: state["settings"][f.name] for f in fields(Settings) if f.name in state["settings"]})
+    for name in RESUMABLE:
+        setattr(saved, name, getattr(given, name))
+    return saved
+
+
+def train(s: Settings, resume: bool = False, console: Any = None) -> Path:
+    """Run (or continue) training; returns the head directory written at the end."""
+    from rich.console import Console
+
+    from graft_cli.loading import load_model
+
+    console = console or Console(stderr=True)
+    if not console.is_terminal:  # a log file: one line per report, whatever the width
+        console = Console(stderr=True, width=220)
+    run = Path(s.run).expanduser()
+    latest = ckpt.latest_checkpoint(run) if resume else None
+    if resume and latest is None:
+        raise GraftError(f"--resume: no checkpoint under {run}")
+    if not resume and ckpt.latest_checkpoint(run) is not None:
+        raise GraftError(f"{run} already holds a checkpoint: pass --resume to continue it, or another --run")
+    state = None
+    if latest is not None:
+        state = json.loads((latest / "state.json").read_text())
+        s = settings_from_checkpoint(state, s)
+    if s.threads:
+        torch.set_num_threads(s.threads)
+    if min(s.ttt, s.max_steps, s.seq_len - 2, s.batch_size, s.checkpoint_every, s.heldout_every - 1) < 1:
+        raise GraftError("--ttt, --max-steps, --batch-size, --checkpoint-every must be >= 1, --seq-len >= 3 "
+                         "and --heldout-every >= 2")
+    loaded = load_model(s.model, s.device, fast_cpu=False)
+    target, device = loaded.model, loaded.device
+    if device == "cpu":  # packed oneDNN kernels (15% faster here), packed whatever the free memory: same bits
+        from graft_cli.cpu_linear import use_cpu_linears
+
+        use_cpu_linears(target, pack=True)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    autocast = torch.bfloat16 if device.startswith("cuda") else None
+    t0 = time.perf_counter()
+    regenerator = None
+    if s.regenerate:
+        from graft_cli.heads.regenerate import Regenerator
+
+        regenerator = Regenerator(target, loaded.tokenizer, run / "regenerated.jsonl", s.regenerate_tokens)
+    docs, summary = read_documents(s.data, loaded.tokenizer, s.fields or None, s.max_documents,
+                                   regenerator.answer if regenerator else None)
+    if regenerator is not None:
+        summary += f"; answers regenerated by the target ({regenerator.generated:,} new, {len(regenerator.known):,} in all)"
+    train_docs, held_docs = split(docs, s.heldout_every)
+    draft_ids, coverage = draft_vocabulary(train_docs, target.config.vocab_size, s.draft_vocab)
+    console.print(f"data: {summary}; {len(train_docs):,} training documents ({int(train_docs.starts[-1]):,} tokens), "
+                  f"{len(held_docs):,} held out; draft vocabulary {s.draft_vocab:,} covers {coverage:.1%} "
+                  f"of training tokens ({time.perf_counter() - t0:.0f} s)")
+    packer = Packer(train_docs, s.seq_len, s.batch_size, s.seed)
+    heldout = Packer(held_docs, s.seq_len, s.batch_size, s.seed).fixed(s.eval_sequences)
+    head = new_head(target, draft_config(target.config, s.draft_vocab), draft_ids, s.seed)
+    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=s.lr,
+                                  weight_decay=s.weight_decay)
+    meta = {"settings": asdict(s), "tokens": 0, "seconds": 0.0, "history": [], "evals": [],
+            "coverage": round(coverage, 4), "corpus": summary}
+    if latest is not None:
+        restored = ckpt.load_checkpoint(latest, head, optimizer)
+        if not torch.equal(head.draft_ids().cpu(), draft_ids):
+            raise GraftError(f"{latest}: the corpus gives another draft vocabulary than the checkpoint's "
+                             "(the data changed?)")
+        meta.update({k: restored[k] for k in ("tokens", "seconds", "history", "evals")})
+        meta["settings"] = asdict(s)
+        console.print(f"resumed {latest} at step {restored['step']:,} ({restored['tokens']:,} tokens)")
+    start = state["step"] if state else 0
+    _loop(s, head, target, optimizer, packer, heldout, meta, start, device, autocast, console, run)
+    out = Path(s.out).expanduser()
+    last = ckpt.latest_checkpoint(run)
+    final = ckpt.write_head(head, target.config, out, torch.bfloat16, {"step": s.max_steps, **meta})
+    console.print(f"head written to {final} (from {last})")
+    return final
+
+
+def _loop(s: Settings, head: TrainableHead, target: torch.nn.Module, optimizer: torch.optim.Optimizer,
+          packer: Packer, heldout: list[Batch], meta: dict, start: int, device: str, autocast: torch.dtype | None,
+          console: Any, run: Path) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    params = [p for p in head.parameters() if p.requires_grad]
+    columns = (TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+               TimeRemainingColumn())
+    window_tokens, window_t, window_loss = 0, time.perf_counter(), []
+    last_eval = meta["evals"][-1]["acceptance"] if meta["evals"] else []
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task("train", total=s.max_steps, completed=start, info="")
+        for step in range(start, s.max_steps):
+            t = time.perf_counter()
+            batch = packer.batch(step).to(device)
+            lesson = teach(target, batch, head.cfg.layers, head.draft_ids(), autocast, full=False)
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(s, step)
+            result = ttt_loss(head, batch, lesson, s.ttt, s.step_decay, autocast)
+            optimizer.zero_grad(set_to_none=True)
+            result.loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
+            optimizer.step()
+            n = batch.tokens.numel()
+            meta["tokens"] += n
+            meta["seconds"] += time.perf_counter() - t
+            window_tokens += n
+            window_loss.append(result.weighted)
+            done = step + 1
+            if done % s.log_every == 0 or done == s.max_steps:
+                rate = window_tokens / max(time.perf_counter() - window_t, 1e-9)
+                loss = sum(window_loss) / len(window_loss)
+                meta["history"].append([done, meta["tokens"], round(loss, 4)])
+                acc = " ".join(f"{a:.2f}" for a in last_eval)
+                info = f"loss {loss:.3f}  {rate:,.0f} tok/s  held-out top-1/step {acc or '-'}"
+                bar.update(task, completed=done, info=info)
+                if not console.is_terminal:
+                    console.print(f"step {done} tokens {meta['tokens']:,} {info}")
+                window_tokens, window_t, window_loss = 0, time.perf_counter(), []
+            if done % s.checkpoint_every == 0 or done == s.max_steps:
+                ev = heldout_metrics(head, target, heldout, s, device, autocast)
+                meta["evals"].append({"step": done, "tokens": meta["tokens"], **ev})
+                last_eval = ev["acceptance"]
+                path = ckpt.save_checkpoint(run, done, head, optimizer, meta, target.config)
+                console.print(f"step {done}: held-out loss {ev['loss']:.3f}, top-1 per TTT step "
+                              f"{' '.join(f'{a:.3f}' for a in last_eval)}; checkpoint {path}")

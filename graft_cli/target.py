@@ -21,7 +21,7 @@ from graft_cli.tree import Tree
 
 PREFILL_CHUNK = 512  # prompt tokens per prefill forward (see docs/benchmarks.md, "Long context")
 ROOM = 256  # cache rows reserved past the prompt when the caller does not say how many it needs
-Progress = Callable[[int, int], None]  # (prompt tokens prefilled so far, prompt length), after each chunk
+Progress = Callable[[int, int], None]  # (prompt tokens prefilled so far, prompt length): at 0, then per chunk
 
 
 @dataclass
@@ -64,6 +64,8 @@ class Target:
         self.length = 0
         x = torch.tensor([ids], device=self.device)
         states: list[tuple[torch.Tensor, ...]] = []
+        if self.progress is not None:
+            self.progress(0, len(ids))
         with self._attention(self.prefill_attention):
             for start in range(0, len(ids), self.chunk):
                 out = self.model(input_ids=x[:, start : start + self.chunk], cache=self.cache, use_cache=True,

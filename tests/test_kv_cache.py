@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +11,7 @@ import torch
 from graft_cli.engine import decode
 from graft_cli.graft import GraftProposer
 from graft_cli.kv_cache import PositionCache
+from graft_cli.prefill_bar import PrefillBar
 from graft_cli.sampling import Sampling
 from graft_cli.target import Target
 from graft_cli.tree import Tree
@@ -65,7 +68,7 @@ def test_chunked_prefill_equals_one_shot():
     assert len(parts.hidden) == len(whole.hidden)
     for a, b in zip(parts.hidden, whole.hidden):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)  # float summation order only
-    assert seen == [(min(i + 50, 333), 333) for i in range(0, 333, 50)]
+    assert seen == [(0, 333)] + [(min(i + 50, 333), 333) for i in range(0, 333, 50)]
 
 
 def test_a_cache_reserved_too_small_grows_and_keeps_its_rows():
@@ -78,3 +81,22 @@ def test_a_cache_reserved_too_small_grows_and_keeps_its_rows():
     assert keys.flatten().tolist() == list(range(6)) and layer.keys.shape[2] >= 8
     cache.keep(2, [1, 3])  # rows 3 and 5 move to 2 and 3
     assert layer.filled == 4 and layer.keys[0, 0, :4, 0].tolist() == [0, 1, 3, 5]
+
+
+class _Terminal(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_the_prefill_bar_draws_only_on_a_terminal_and_only_when_slow(tty):
+    for delay, drawn in ((0.0, tty), (60.0, False)):
+        stream = _Terminal(tty)
+        bar = PrefillBar(delay, stream)
+        for done in (0, 100, 200, 300):
+            bar(done, 300)
+        assert bool(stream.getvalue()) == drawn and bar.bar is None

@@ -100,3 +100,18 @@ def test_the_prefill_bar_draws_only_on_a_terminal_and_only_when_slow(tty):
         for done in (0, 100, 200, 300):
             bar(done, 300)
         assert bool(stream.getvalue()) == drawn and bar.bar is None
+
+
+@pytest.mark.real_model
+def test_smollm2_over_a_long_prompt_decodes_what_generate_does():
+    """SmolLM2 on 1.5K tokens of real source: chunked prefill and the position cache give generate's tokens."""
+    import inspect as source
+
+    from graft_cli.loading import load_model
+
+    loaded = load_model("smollm2-135m-instruct", device="cpu")
+    ids = loaded.tokenizer.encode(source.getsource(source))[:1500]
+    hf = loaded.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=24)[0, len(ids) :].tolist()
+    whole = Target(loaded.model, chunk=2048).prefill(ids).logits[-1]
+    assert (Target(loaded.model, chunk=512).prefill(ids).logits[-1] - whole).abs().max() < 1e-3
+    assert tokens(Target(loaded.model, chunk=512), GraftProposer(0), ids, 24) == hf

@@ -262,7 +262,7 @@ def check_latency(table: Table, shape: dict, device: str, dtype: torch.dtype, sc
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     target, rng = Target(model), np.random.default_rng(0)
-    target.prefill(rng.integers(0, config.vocab_size, scale.past).tolist())
+    target.prefill(rng.integers(0, config.vocab_size, scale.past).tolist(), capacity=scale.past + max(scale.sizes))
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     params = sum(p.numel() for p in model.parameters()) / 1e9
     base = None

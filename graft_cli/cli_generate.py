@@ -44,6 +44,7 @@ def generate(
     device_map: Optional[str] = typer.Option(None, "--device-map", help="Shard a model larger than one GPU through accelerate: auto (GPUs, then CPU, then disk), balanced, sequential, or a JSON object of module to device."),
     truncate: Optional[str] = typer.Option(None, "--truncate", help="left or right: cut a prompt that would reach past the model's positions or attention window (default: refuse it)."),
     stats: bool = typer.Option(False, "--stats", help="Print decoding statistics to stderr."),
+    prefill_chunk: int = typer.Option(512, "--prefill-chunk", min=1, help="Prompt tokens per prefill forward (bounds the prefill's peak memory; a progress bar shows on a terminal when the prefill takes over 2 s)."),
 ) -> None:
     """Generate text from a prompt, losslessly faster."""
     from graft_cli.limits import parse_truncate
@@ -78,7 +79,7 @@ def generate(
     methods.check_datastore(config)
     truncate = parse_truncate(truncate)
     loaded = load_model(model, device, dtype, parse_device_map(device_map))
-    session = _Session(loaded, config, sampling, max_new_tokens, seed)
+    session = _Session(loaded, config, sampling, max_new_tokens, seed, prefill_chunk)
     session.raw, session.truncate = raw, truncate
     try:
         _check_options(options, method)
@@ -144,16 +145,17 @@ def _run_jsonl(session: "_Session", lines: list[str], raw: bool, stats: bool) ->
 class _Session:
     """One loaded model and method, reused across prompts (so retrievers and calibration stay warm)."""
 
-    def __init__(self, loaded, config, sampling, max_new_tokens: int, seed: int | None) -> None:
+    def __init__(self, loaded, config, sampling, max_new_tokens: int, seed: int | None, prefill_chunk: int) -> None:
         from graft_cli import methods
         from graft_cli.limits import tree_reach
         from graft_cli.loading import stop_ids
+        from graft_cli.prefill_bar import PrefillBar
         from graft_cli.target import Target
 
         self.loaded, self.sampling, self.max_new_tokens = loaded, sampling, max_new_tokens
         self.limits, self.depth, self.truncate = loaded.limits, tree_reach(config, loaded.device), None
         self.seed = seed if seed is not None else random.randrange(2**31)
-        self.target = Target(loaded.model)
+        self.target = Target(loaded.model, prefill_chunk, PrefillBar())
         self.proposer = methods.build(config, loaded)
         self.stop = stop_ids(loaded)
         self.raw = False

@@ -10,7 +10,7 @@ from typing import Iterator, Protocol, Sequence
 
 from graft_cli.sampling import Noise, Sampling, pick
 from graft_cli.stats import Stats
-from graft_cli.target import Target
+from graft_cli.target import ROOM, Target
 from graft_cli.tree import Tree
 from graft_cli.verify import accept
 from plugins.base import Step
@@ -45,7 +45,7 @@ def decode(
     if max_new_tokens <= 0:
         return
     noise = None if sampling.greedy else Noise(0 if seed is None else seed, target.device)
-    out = target.prefill(list(prompt), hidden=proposer.wants_hidden)
+    out = target.prefill(list(prompt), proposer.wants_hidden, len(prompt) + max_new_tokens + ROOM)
     first = pick(out.logits[-1], sampling, noise, 0)
     context = [*prompt, first]
     stats.times["prefill"] += perf_counter() - clock

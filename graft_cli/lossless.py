@@ -66,8 +66,8 @@ class MarginTarget(Target):
         super().__init__(model)
         self._margins: list[torch.Tensor] = []
 
-    def prefill(self, ids: list[int], hidden: bool = False) -> Forward:
-        out = super().prefill(ids, hidden)
+    def prefill(self, ids: list[int], hidden: bool = False, capacity: int | None = None) -> Forward:
+        out = super().prefill(ids, hidden, capacity)
         self._margins = [_margin(out.logits[-1])]
         return out
 

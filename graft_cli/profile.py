@@ -82,7 +82,7 @@ def measure(model, sizes: Sequence[int], context: int = CONTEXT, repeats: int = 
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (context + max(sizes),), generator=gen).tolist()
     target = Target(model)
-    target.prefill(ids[:context])
+    target.prefill(ids[:context], capacity=context + max(sizes))
     cuda = target.device.type == "cuda"
     trees = {}
     for n in sizes:

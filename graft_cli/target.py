@@ -1,7 +1,9 @@
 """The target model and its KV cache: prefill, one-pass tree forward, and compaction to the accepted path.
 
 The cache always holds every accepted token except the newest one, the *root*: each step feeds the root plus the
-candidate tree, so the root's own logits (the distribution for depth 1) come out of the same forward pass.
+candidate tree, so the root's own logits (the distribution for depth 1) come out of the same forward pass. The
+cache is a :class:`~graft_cli.kv_cache.PositionCache`, reserved per request, so a step moves only the rows it feeds
+and keeps; the prompt is prefilled in chunks (bounded peak memory, and progress for long prompts).
 """
 
 from __future__ import annotations
@@ -9,12 +11,17 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.util import find_spec
+from typing import Callable
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
+from graft_cli.kv_cache import PositionCache
 from graft_cli.tree import Tree
+
+PREFILL_CHUNK = 512  # prompt tokens per prefill forward (see docs/benchmarks.md, "Long context")
+ROOM = 256  # cache rows reserved past the prompt when the caller does not say how many it needs
+Progress = Callable[[int, int], None]  # (prompt tokens prefilled so far, prompt length): at 0, then per chunk
 
 
 @dataclass
@@ -34,32 +41,42 @@ def input_device(model: torch.nn.Module) -> torch.device:
 
 
 class Target:
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, chunk: int = PREFILL_CHUNK, progress: Progress | None = None) -> None:
         self.model = model
         self.device = input_device(model)
         self.dtype = next(model.parameters()).dtype
-        self.cache = DynamicCache(config=model.config)
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.cache = PositionCache(config.num_hidden_layers)
         self.length = 0  # tokens held in the cache
+        self.chunk = max(1, chunk)
+        self.progress = progress
         self.vocab_size = model.get_input_embeddings().num_embeddings  # ids the embedding can look up
         # FlashAttention cannot take a tree mask, but the prefill's plain causal mask suits it
         cuda = self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16)
         self.prefill_attention = "flash_attention_2" if cuda and find_spec("flash_attn") else None
 
-    def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
-        self.length = 0
-
     @torch.inference_mode()
-    def prefill(self, ids: list[int], hidden: bool = False) -> Forward:
-        """Run the whole prompt once; only the last position's logits are kept (FlashAttention is fine here)."""
-        self.reset()
+    def prefill(self, ids: list[int], hidden: bool = False, capacity: int | None = None) -> Forward:
+        """Start a request of up to ``capacity`` positions (prompt + new tokens + tree room: then the cache never
+        reallocates) and run the prompt through in chunks of ``self.chunk`` tokens; only the last position's
+        logits are kept (FlashAttention is fine here: a chunk's mask is plain causal past the cache)."""
+        self.cache.reserve(max(capacity or 0, len(ids) + ROOM))
+        self.length = 0
         x = torch.tensor([ids], device=self.device)
+        states: list[tuple[torch.Tensor, ...]] = []
+        if self.progress is not None:
+            self.progress(0, len(ids))
         with self._attention(self.prefill_attention):
-            out = self.model(
-                input_ids=x, cache=self.cache, use_cache=True, output_hidden_states=hidden, logits_to_keep=1
-            )
+            for start in range(0, len(ids), self.chunk):
+                out = self.model(input_ids=x[:, start : start + self.chunk], cache=self.cache, use_cache=True,
+                                 output_hidden_states=hidden, logits_to_keep=1)
+                if hidden:
+                    states.append(tuple(h[0].to(self.device) for h in out.hidden_states))
+                if self.progress is not None:
+                    self.progress(min(start + self.chunk, len(ids)), len(ids))
         self.length = len(ids)
-        return self._forward(out, hidden)
+        joined = tuple(torch.cat(layer) if len(layer) > 1 else layer[0] for layer in zip(*states)) if hidden else None
+        return Forward(out.logits[0].to(self.device), joined)
 
     @torch.inference_mode()
     def verify(self, root: int, tree: Tree, hidden: bool = False) -> Forward:
@@ -94,19 +111,10 @@ class Target:
     def keep(self, rows: list[int], fed: int) -> None:
         """Of the last ``fed`` cached positions keep only ``rows`` (0 = root, i = tree node i-1), in place.
 
-        Keys are stored already rotated, so moving accepted entries down leaves them valid.
+        Keys are stored already rotated, so moving accepted entries down leaves them valid; only those move.
         """
         past = self.length - fed
-        if rows != list(range(len(rows))):  # not a prefix of the fed block: move the accepted entries down
-            index = {self.device: torch.tensor([past + r for r in rows], device=self.device)}
-            for layer in self.cache.layers:  # a sharded model's layers keep their caches on their own devices
-                at = layer.keys.device
-                if at not in index:
-                    index[at] = index[self.device].to(at)
-                layer.keys[:, :, past : past + len(rows)] = layer.keys.index_select(2, index[at])
-                layer.values[:, :, past : past + len(rows)] = layer.values.index_select(2, index[at])
-        if fed > len(rows):
-            self.cache.crop(len(rows) - fed)
+        self.cache.keep(past, rows)
         self.length = past + len(rows)
 
     @contextmanager

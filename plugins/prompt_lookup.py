@@ -1,7 +1,7 @@
 """The prompt-local cache: continuations of the current suffix found earlier in the prompt or the output.
 
-An n-gram position index grows by one entry per length with every new token, so a lookup never rescans the
-context. Unlike transformers' prompt lookup, which copies the first match, every earlier occurrence of the
+An n-gram position index grows by one entry per length with every new token (a long prompt is indexed in one
+linear pass), so a lookup never rescans the context and reads at most ``max_matches`` positions. Unlike transformers' prompt lookup, which copies the first match, every earlier occurrence of the
 longest matching suffix contributes its continuation to a trie, scored by counts exactly as a suffix-array
 datastore scores its matches (the same code: ``datastores.suffix_array.continuation_trie``).
 Scores are then calibrated per matched length (``plugins.calibration``): long matches earn verification slots,
@@ -54,7 +54,9 @@ class PromptLookup:
         self._extend(context[len(self.tokens) :])
         last = len(self.tokens) - 1
         for n in range(min(self.max_match, last), self.min_match - 1, -1):
-            ends = [e for e in self.ends.get(tuple(self.tokens[last - n + 1 :]), ()) if e < last]
+            # positions ascend and only the newest can be ``last`` itself: a frequent n-gram of a long prompt
+            # costs max_matches, not its count
+            ends = [e for e in self.ends.get(tuple(self.tokens[last - n + 1 :]), [])[-self.max_matches - 1 :] if e < last]
             if ends:
                 conts = [self.tokens[e + 1 : e + 1 + self.max_length] for e in ends[-self.max_matches :]]
                 rows = np.full((len(conts), max(map(len, conts))), SEP, dtype=np.uint32)

@@ -41,3 +41,34 @@ def test_short_matches_that_miss_lose_trust_and_long_ones_keep_it():
     assert cache.calibration.calibration.ratio("match1", 1) < 0.3
     assert cache.calibration.calibration.ratio("match3", 1) == 1.0  # no longer lookup was judged
     assert long_score >= 0.5
+
+
+def test_a_long_prompt_gives_the_trie_of_a_full_scan():
+    """The index against a brute-force scan of every earlier occurrence of the longest matching suffix."""
+    import numpy as np
+
+    from datastores.suffix_array import SEP, continuation_trie
+    from plugins.calibration import LookupCalibration, match_group
+    from plugins.store import to_tree
+
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, 12, 8000).tolist()  # a small alphabet: every short n-gram recurs hundreds of times
+    cache = PromptLookup(max_match=4, max_length=5, max_matches=8)
+    cache.start(prompt)
+    for cut in (4000, 6000, 8000):
+        context = prompt[:cut]
+        last = cut - 1
+        for n in range(4, 0, -1):
+            suffix = context[last - n + 1 :]
+            ends = [e for e in range(n - 1, last) if context[e - n + 1 : e + 1] == suffix]
+            if ends:
+                break
+        conts = [context[e + 1 : e + 6] for e in ends[-8:]]
+        rows = np.full((len(conts), max(map(len, conts))), SEP, dtype=np.uint32)
+        for row, cont in zip(rows, conts):
+            row[: len(cont)] = cont
+        want = LookupCalibration().apply(to_tree(continuation_trie(rows, 16), "prompt"), cut, match_group(n))
+        got = PromptLookup(max_match=4, max_length=5, max_matches=8)
+        got.start(context)
+        tree = got.retrieve(context, 16)
+        assert [(x.parent, x.token, x.score) for x in tree.nodes] == [(x.parent, x.token, x.score) for x in want.nodes]

@@ -1,0 +1,189 @@
+"""Long-context benchmarks from real text found on every machine: Python standard-library modules.
+
+``datasets`` writes bench datasets (the JSONL ``graft bench --dataset`` reads): "explain this module and list its
+public functions" over a module's source cut to about 2K, 4K and 8K tokens of the model's chat-templated prompt.
+The 8K set stays inside SmolLM2's 8192 positions with 256 new tokens and a CPU tree (``graft_cli/limits.py``).
+
+``prefill`` times the prefill of one context for several chunk sizes. ``steps`` times one verification step (a tree of ``--tree`` nodes, then compaction to an accepted path of
+``--accept`` rows) after prefilling contexts of several lengths, and the prefill itself. It uses only the Target
+API every version of graft has, so the same script measures two checkouts side by side (``PYTHONPATH``).
+
+    python benchmarks/long_context.py datasets --out /tmp/long-context
+    python benchmarks/long_context.py steps --contexts 512,2048,4096,7900 --threads 1
+    python benchmarks/long_context.py prefill --context 4096 --chunks 256,512,1024,4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from graft_cli.loading import encode, load_model
+from graft_cli.target import Target
+from graft_cli.tree import ROOT, Tree
+
+MODULES = ("argparse", "difflib", "configparser", "calendar", "inspect", "tarfile", "typing", "pathlib")
+SIZES = {"2k": 2048, "4k": 4096, "8k": 7800}  # 8k: 7800 + 256 new tokens + a 16-node tree < 8192 positions
+ASK = "Explain what this module does and list its public functions.\n\n```python\n{}\n```"
+
+
+def module_source(name: str) -> list[str]:
+    return inspect.getsource(importlib.import_module(name)).splitlines()
+
+
+def cut(tokenizer, lines: list[str], tokens: int) -> tuple[str, int]:
+    """The prompt over the longest prefix of ``lines`` whose templated prompt has at most ``tokens`` tokens."""
+    lo, hi = 1, len(lines)
+    while lo < hi:  # binary search on the line count
+        mid = (lo + hi + 1) // 2
+        if len(encode(tokenizer, ASK.format("\n".join(lines[:mid])))) <= tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    prompt = ASK.format("\n".join(lines[:lo]))
+    return prompt, len(encode(tokenizer, prompt))
+
+
+def write_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def datasets(args) -> None:
+    tokenizer = load_model(args.model, device="cpu").tokenizer
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sources = {name: module_source(name) for name in MODULES}
+    for label, tokens in SIZES.items():
+        records = []
+        for name, lines in sources.items():
+            prompt, length = cut(tokenizer, lines, tokens)
+            if length < 0.9 * tokens:  # the module is too short for this size
+                continue
+            records.append({"question_id": f"{name}-{label}", "category": f"long-{label}", "turns": [prompt]})
+            print(f"{label} {name}: {length} tokens")
+        write_atomically(out / f"long-context-{label}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+        print(f"wrote {out / f'long-context-{label}.jsonl'} ({len(records)} prompts)")
+
+
+def path_tree(tokens: list[int], size: int) -> Tree:
+    """A chain of half the nodes along ``tokens`` and a sibling branch at each of its levels (a draft's shape)."""
+    tree, parent = Tree(), ROOT
+    for depth in range(size // 2):
+        parent = tree.add(parent, tokens[depth], "bench", 0.9)
+        tree.add(ROOT if depth == 0 else tree.nodes[parent].parent, tokens[depth] + 1, "bench", 0.1)
+    while len(tree) < size:
+        tree.add(ROOT, tokens[len(tree)] + 2, "bench", 0.05)
+    return tree
+
+
+def steps(args) -> None:
+    torch.set_num_threads(args.threads)
+    loaded = load_model(args.model, device="cpu")
+    text = "\n".join(line for name in MODULES for line in module_source(name))
+    ids = encode(loaded.tokenizer, ASK.format(text), raw=True)
+    print(f"graft from {Path(inspect.getsourcefile(Target)).parents[1]}")
+    for context in [int(c) for c in args.contexts.split(",")]:
+        target = Target(loaded.model)
+        t0 = time.perf_counter()
+        target.prefill(ids[:context])
+        prefill = time.perf_counter() - t0
+        times, at = [], context
+        for step in range(args.steps + 1):  # the first step warms up
+            tree = path_tree(ids[at + 1 : at + 1 + args.tree], args.tree)
+            t0 = time.perf_counter()
+            target.verify(ids[at], tree)
+            chain = [i + 1 for i, node in enumerate(tree.nodes) if node.score == 0.9][: args.accept - 1]
+            target.keep([0, *chain], args.tree + 1)  # the root and an accepted path that is not a prefix
+            if step:
+                times.append(time.perf_counter() - t0)
+            at += len(chain) + 1
+        print(f"context {context:5d}: prefill {prefill:6.2f} s ({context / prefill:6.0f} tok/s), verify+keep of "
+              f"{args.tree} nodes {statistics.median(times) * 1000:7.2f} ms (median of {args.steps})", flush=True)
+
+
+def ab(args) -> None:
+    """This checkout's step against another checkout's (``--before DIR``), alternated in one process on the same
+    cache contents: the before side gets a copy of the after side's prefilled cache, so one prefill serves both."""
+    spec = importlib.util.spec_from_file_location("before_target", Path(args.before) / "graft_cli" / "target.py")
+    before_module = sys.modules["before_target"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+    spec.loader.exec_module(before_module)
+    torch.set_num_threads(args.threads)
+    loaded = load_model(args.model, device="cpu")
+    text = "\n".join(line for name in MODULES for line in module_source(name))
+    ids = encode(loaded.tokenizer, ASK.format(text), raw=True)
+    for context in [int(c) for c in args.contexts.split(",")]:
+        after, before = Target(loaded.model), before_module.Target(loaded.model)
+        after.prefill(ids[:context])
+        for i, layer in enumerate(after.cache.layers):
+            before.cache.update(layer.keys[:, :, :context].clone(), layer.values[:, :, :context].clone(), i)
+        before.length = context
+        times: dict[str, list[float]] = {"before": [], "after": []}
+        at = context
+        for step in range(args.steps + 1):  # the first round warms up
+            tree = path_tree(ids[at + 1 : at + 1 + args.tree], args.tree)
+            chain = [i + 1 for i, node in enumerate(tree.nodes) if node.score == 0.9][: args.accept - 1]
+            for name, target in (("before", before), ("after", after)):
+                t0 = time.perf_counter()
+                target.verify(ids[at], tree)
+                target.keep([0, *chain], args.tree + 1)
+                if step:
+                    times[name].append(time.perf_counter() - t0)
+            at += len(chain) + 1
+        b, a = (statistics.median(times[n]) * 1000 for n in ("before", "after"))
+        print(f"context {context:5d}: verify+keep of {args.tree} nodes: before {b:7.2f} ms, after {a:7.2f} ms, "
+              f"after/before {a / b:.3f} (medians of {args.steps}, alternated)", flush=True)
+
+
+def prefill(args) -> None:
+    """Prefill tokens/s at one context for several chunk sizes (this checkout's Target only)."""
+    torch.set_num_threads(args.threads)
+    loaded = load_model(args.model, device="cpu")
+    ids = encode(loaded.tokenizer, ASK.format("\n".join(module_source("argparse"))), raw=True)[: args.context]
+    for chunk in [int(c) for c in args.chunks.split(",")]:
+        target = Target(loaded.model, chunk=chunk)
+        t0 = time.perf_counter()
+        target.prefill(ids)
+        seconds = time.perf_counter() - t0
+        print(f"context {len(ids)}, chunk {chunk:5d}: {seconds:6.2f} s ({len(ids) / seconds:5.0f} tok/s)", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    model = argparse.ArgumentParser(add_help=False)
+    model.add_argument("--model", default="smollm2-135m-instruct")
+    timed = argparse.ArgumentParser(add_help=False, parents=[model])
+    timed.add_argument("--threads", type=int, default=1)
+    stepped = argparse.ArgumentParser(add_help=False, parents=[timed])
+    stepped.add_argument("--contexts", default="512,2048,4096,7900")
+    stepped.add_argument("--tree", type=int, default=16)
+    stepped.add_argument("--accept", type=int, default=3)
+    stepped.add_argument("--steps", type=int, default=10)
+    sub.add_parser("datasets", parents=[model], help="write long-context bench datasets").add_argument(
+        "--out", default="long-context")
+    sub.add_parser("steps", parents=[stepped], help="time verification steps at several context lengths")
+    sub.add_parser("ab", parents=[stepped], help="this checkout's step against another's, alternated in one "
+                   "process").add_argument("--before", required=True)
+    p = sub.add_parser("prefill", parents=[timed], help="prefill tokens/s for several chunk sizes")
+    p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--chunks", default="256,512,1024,4096")
+    args = parser.parse_args()
+    {"datasets": datasets, "steps": steps, "ab": ab, "prefill": prefill}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

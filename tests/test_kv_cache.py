@@ -1,0 +1,117 @@
+"""The preallocated, position-addressed KV cache and chunked prefill: same tokens and logits as the references."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from graft_cli.engine import decode
+from graft_cli.graft import GraftProposer
+from graft_cli.kv_cache import PositionCache
+from graft_cli.prefill_bar import PrefillBar
+from graft_cli.sampling import Sampling
+from graft_cli.target import Target
+from graft_cli.tree import Tree
+from tests.tiny import VOCAB, OracleTreeProposer, tiny_model
+
+
+def tokens(target: Target, proposer, prompt: list[int], n: int) -> list[int]:
+    return [t for step in decode(target, proposer, prompt, Sampling(), n, set(), 0) for t in step]
+
+
+@pytest.mark.parametrize("length", [1, 9, 64, 300])
+@pytest.mark.parametrize("chunk", [8, 512])
+def test_plain_decoding_equals_generate_at_several_lengths(length, chunk):
+    model = tiny_model("qwen2", seed=2, max_position_embeddings=1024)
+    prompt = np.random.default_rng(length).integers(0, VOCAB, length).tolist()
+    hf = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=30)[0, length:].tolist()
+    assert tokens(Target(model, chunk=chunk), GraftProposer(0), prompt, 30) == hf
+
+
+@pytest.mark.parametrize("length", [16, 200])
+def test_random_trees_stay_lossless_over_a_long_context(length):
+    model = tiny_model(seed=6, max_position_embeddings=1024)
+    prompt = np.random.default_rng(length).integers(0, VOCAB, length).tolist()
+    truth = tokens(Target(model), GraftProposer(0), prompt, 80)
+    for seed in range(3):
+        proposer = OracleTreeProposer(truth, len(prompt), seed, "random")
+        assert tokens(Target(model, chunk=32), proposer, prompt, 80) == truth
+
+
+def test_many_compactions_match_a_fresh_forward_and_never_reallocate():
+    model = tiny_model(seed=7, max_position_embeddings=1024)
+    prompt = np.random.default_rng(1).integers(0, VOCAB, 150).tolist()
+    truth = tokens(Target(model), GraftProposer(0), prompt, 160)  # past the 120 asked: the last step may overshoot
+    target = Target(model, chunk=40)
+    steps = decode(target, OracleTreeProposer(truth, len(prompt), 2, "mixed"), prompt, Sampling(), 120, set(), 0)
+    got = [*next(steps)]
+    buffers = [layer.keys.data_ptr() for layer in target.cache.layers]
+    for step in steps:
+        got += step
+    assert got == truth[:120]
+    assert [layer.keys.data_ptr() for layer in target.cache.layers] == buffers  # reserved once, never regrown
+    context = prompt + truth[: target.length - len(prompt) + 1]  # the cache holds all of it but the last token
+    logits = target.verify(context[-1], Tree()).logits[-1]
+    fresh = model(torch.tensor([context])).logits[0, -1]
+    torch.testing.assert_close(logits, fresh, atol=1e-4, rtol=1e-4)
+
+
+def test_chunked_prefill_equals_one_shot():
+    model = tiny_model(seed=8, max_position_embeddings=1024)
+    prompt = np.random.default_rng(0).integers(0, VOCAB, 333).tolist()
+    whole, seen = Target(model, chunk=10_000).prefill(prompt, hidden=True), []
+    parts = Target(model, chunk=50, progress=lambda done, total: seen.append((done, total))).prefill(prompt, hidden=True)
+    torch.testing.assert_close(parts.logits, whole.logits, atol=1e-5, rtol=1e-5)
+    assert len(parts.hidden) == len(whole.hidden)
+    for a, b in zip(parts.hidden, whole.hidden):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)  # float summation order only
+    assert seen == [(0, 333)] + [(min(i + 50, 333), 333) for i in range(0, 333, 50)]
+
+
+def test_a_cache_reserved_too_small_grows_and_keeps_its_rows():
+    cache = PositionCache(1)
+    cache.reserve(4)
+    layer = cache.layers[0]
+    rows = torch.arange(6.0).reshape(1, 1, 6, 1)
+    layer.update(rows[:, :, :3], rows[:, :, :3])
+    keys, _ = layer.update(rows[:, :, 3:], rows[:, :, 3:])
+    assert keys.flatten().tolist() == list(range(6)) and layer.keys.shape[2] >= 8
+    cache.keep(2, [1, 3])  # rows 3 and 5 move to 2 and 3
+    assert layer.filled == 4 and layer.keys[0, 0, :4, 0].tolist() == [0, 1, 3, 5]
+
+
+class _Terminal(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_the_prefill_bar_draws_only_on_a_terminal_and_only_when_slow(tty):
+    for delay, drawn in ((0.0, tty), (60.0, False)):
+        stream = _Terminal(tty)
+        bar = PrefillBar(delay, stream)
+        for done in (0, 100, 200, 300):
+            bar(done, 300)
+        assert bool(stream.getvalue()) == drawn and bar.bar is None
+
+
+@pytest.mark.real_model
+def test_smollm2_over_a_long_prompt_decodes_what_generate_does():
+    """SmolLM2 on 1.5K tokens of real source: chunked prefill and the position cache give generate's tokens."""
+    import inspect as source
+
+    from graft_cli.loading import load_model
+
+    loaded = load_model("smollm2-135m-instruct", device="cpu")
+    ids = loaded.tokenizer.encode(source.getsource(source))[:1500]
+    hf = loaded.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=24)[0, len(ids) :].tolist()
+    whole = Target(loaded.model, chunk=2048).prefill(ids).logits[-1]
+    assert (Target(loaded.model, chunk=512).prefill(ids).logits[-1] - whole).abs().max() < 1e-3
+    assert tokens(Target(loaded.model, chunk=512), GraftProposer(0), ids, 24) == hf

@@ -52,7 +52,7 @@ def _sweep() -> None:
     """Remove what graft processes killed outright (SIGKILL, a power cut) left behind: pull work dirs under
     GRAFT_HOME/tmp, store build temporaries and locks under GRAFT_HOME/datastores. Those of live processes stay."""
     from datastores.atomic import sweep
-    from graft_cli.catalog import clean_stale_tmp, graft_home
+    from graft_cli.catalog.home import clean_stale_tmp, graft_home
 
     try:
         clean_stale_tmp()

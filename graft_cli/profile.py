@@ -61,7 +61,7 @@ def device_label(device: str) -> str:
 
 
 def profile_path(checksum: str, device: str, dtype: str) -> Path:
-    from graft_cli.catalog import graft_home
+    from graft_cli.catalog.home import graft_home
 
     return graft_home() / "profiles" / f"{checksum}-{device}-{dtype}.json"
 
@@ -136,7 +136,7 @@ def profile(loaded, refresh: bool = False, quiet: bool = False) -> dict:
     (``refresh`` or ``GRAFT_REPROFILE=1`` measures again)."""
     import torch
 
-    from graft_cli.catalog import model_checksum
+    from graft_cli.catalog.checksums import model_checksum
 
     device = loaded.device
     dtype = str(next(loaded.model.parameters()).dtype).replace("torch.", "")

@@ -28,7 +28,7 @@ def option(env: RetrieverEnv, name: str, key: str, default: Any, cast: Callable[
 
 def _home():
     try:
-        from graft_cli.catalog import graft_home
+        from graft_cli.catalog.home import graft_home
     except ImportError:  # pragma: no cover - the catalog ships with graft
         return None
     return graft_home()

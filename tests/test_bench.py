@@ -340,7 +340,7 @@ def tiny_dir(tmp_path_factory):
     """A 1-layer, 32-wide random Llama with SmolLM2's vocabulary, saved with the real SmolLM2 tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
-    from graft_cli.catalog import resolve_model
+    from graft_cli.catalog.resolve import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct"))
     torch.manual_seed(0)

@@ -72,7 +72,7 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from graft_cli import methods
-    from graft_cli.catalog import model_checksum
+    from graft_cli.catalog.checksums import model_checksum
     from graft_cli.loading import load_model, stop_ids
 
     console = console or Console(width=None if sys.stdout.isatty() else 200)

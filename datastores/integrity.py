@@ -15,8 +15,9 @@ import contextlib
 import hashlib
 import json
 import os
-import secrets
 from pathlib import Path
+
+from datastores.atomic import write_text_atomic
 
 SAMPLE_BLOCKS = 16
 SAMPLE_BYTES = 4096
@@ -63,13 +64,8 @@ def remember(path: Path, sha256: str) -> None:
     record = path.parent / RECORD
     data = _read(record)
     data[path.name] = {"stamp": stamp(path), "sha256": sha256}
-    tmp = path.parent / f".tok-{RECORD}.{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        os.replace(tmp, record)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    with contextlib.suppress(OSError):
+        write_text_atomic(record, json.dumps(data, indent=1))
 
 
 def _recorded(path: Path) -> str | None:

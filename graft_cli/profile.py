@@ -20,6 +20,7 @@ from pathlib import Path
 from statistics import median
 from typing import Callable, Sequence
 
+from datastores.atomic import write_text_atomic
 from graft_cli.budget import LatencyModel
 from graft_cli.errors import GraftError
 
@@ -173,9 +174,7 @@ def profile(loaded, refresh: bool = False, quiet: bool = False) -> dict:
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        tmp.replace(path)
+        write_text_atomic(path, json.dumps(data, indent=1) + "\n")
     except OSError as e:
         print(f"graft: warning: cannot cache the latency profile in {path}: {e.strerror or e}", file=sys.stderr)
     return data

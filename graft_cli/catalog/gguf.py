@@ -6,10 +6,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
 import time
 from pathlib import Path
 
+from datastores.atomic import write_text_atomic
 from datastores.integrity import file_sha256
 from graft_cli.catalog.home import ensure_dir, graft_home
 from graft_cli.errors import GraftError
@@ -175,8 +175,6 @@ def gguf_sha256(path: Path) -> str:
     digest = file_sha256(path)
     index[key] = digest
     ensure_dir(index_path.parent)
-    tmp = index_path.with_name(f".gguf-index.{os.getpid()}.tmp")
-    with contextlib.suppress(OSError):
-        tmp.write_text(json.dumps(index, indent=1), encoding="utf-8")
-        os.replace(tmp, index_path)
+    with contextlib.suppress(OSError):  # best effort: the hash is paid again next time
+        write_text_atomic(index_path, json.dumps(index, indent=1))
     return digest

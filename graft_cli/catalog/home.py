@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from datastores.atomic import pid_alive
+from datastores.atomic import lock, remove_stale, swap_into_place, write_text_atomic
 from graft_cli.errors import GraftError
 
 MANIFEST = "graft-model.json"
@@ -70,9 +70,7 @@ def read_manifest(path: Path) -> dict | None:
 
 
 def write_manifest(path: Path, manifest: dict) -> None:
-    tmp = path / f".{MANIFEST}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path / MANIFEST)
+    write_text_atomic(path / MANIFEST, json.dumps(manifest, indent=2) + "\n")
 
 
 def is_pulled(name: str) -> bool:
@@ -91,22 +89,7 @@ def installed_models() -> list[Path]:
 def clean_stale_tmp(name: str | None = None) -> list[Path]:
     """Remove work dirs left by crashed pulls: those of dead processes and, when ``name`` is given (the caller holds
     that model's lock, so no live process can be using them), every one of that model's. Returns what it removed."""
-    root = graft_home() / "tmp"
-    removed: list[Path] = []
-    if not root.is_dir():
-        return removed
-    for p in root.iterdir():
-        m = _TMP_RE.match(p.name)
-        if not m:
-            continue
-        if (name is not None and m.group("name") == name) or not pid_alive(int(m.group("pid"))):
-            if p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    p.unlink()
-            removed.append(p)
-    return removed
+    return remove_stale(graft_home() / "tmp", _TMP_RE, "pid", lambda m: name is not None and m.group("name") == name)
 
 
 @contextlib.contextmanager
@@ -121,34 +104,15 @@ def work_dir(op: str, name: str) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def model_lock(name: str) -> Iterator[None]:
-    """One pull/rm/conversion of ``name`` at a time, across processes (advisory ``flock``; a no-op without fcntl)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
-    lock_path = ensure_dir(graft_home() / "locks") / f"{name}.lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            eprint(f"graft: waiting for another graft process that is pulling {name} ...")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+def model_lock(name: str) -> contextlib.AbstractContextManager[None]:
+    """One pull/rm/conversion of ``name`` at a time, across processes (the second one waits)."""
+    return lock(ensure_dir(graft_home() / "locks") / f"{name}.lock",
+                lambda: eprint(f"graft: waiting for another graft process that is pulling {name} ..."))
 
 
 def install_dir(src: Path, dest: Path) -> None:
-    """Rename a finished dir into place; an existing ``dest`` is swapped out first and then removed."""
+    """Rename a finished dir into place; an existing ``dest`` is swapped out first (put back if the rename fails)
+    and then removed."""
     ensure_dir(dest.parent)
-    trash = None
-    if dest.exists():
-        trash = Path(tempfile.mkdtemp(prefix=f"rm-{dest.name}-{os.getpid()}-", dir=graft_home() / "tmp"))
-        os.rename(dest, trash / "old")
-    os.rename(src, dest)
-    if trash is not None:
-        shutil.rmtree(trash, ignore_errors=True)
+    with work_dir("rm", dest.name) as trash:
+        swap_into_place(src, dest, trash / "old")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -15,8 +14,7 @@ from graft_cli.catalog.entries import CATALOG, catalog_entry
 from graft_cli.catalog.fetch import PullProgress, assemble
 from graft_cli.catalog.gguf import check_gguf, convert_gguf, gguf_sha256
 from graft_cli.catalog.home import (MANIFEST, MANIFEST_FORMAT, clean_stale_tmp, dir_bytes, ensure_dir, eprint,
-                                    graft_home, install_dir, is_pulled, mb, model_lock, models_dir, work_dir,
-                                    write_manifest)
+                                    install_dir, is_pulled, mb, model_lock, models_dir, work_dir, write_manifest)
 from graft_cli.errors import GraftError
 
 def _honour_umask(path: Path) -> None:
@@ -110,10 +108,8 @@ def remove(name: str) -> Path:
     with model_lock(name):
         if not dest.exists():
             raise GraftError(f"model '{name}' is not pulled: nothing to remove")
-        trash_root = ensure_dir(graft_home() / "tmp")
-        trash = Path(tempfile.mkdtemp(prefix=f"rm-{name}-{os.getpid()}-", dir=trash_root))
-        os.rename(dest, trash / name)
-        shutil.rmtree(trash, ignore_errors=True)
+        with work_dir("rm", name) as trash:
+            os.rename(dest, trash / name)
     return dest
 
 

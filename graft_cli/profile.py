@@ -18,11 +18,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from statistics import median
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from datastores.atomic import write_text_atomic
 from graft_cli.budget import LatencyModel
 from graft_cli.errors import GraftError
+
+if TYPE_CHECKING:
+    from graft_cli.graft import GraftProposer
 
 CPU_SIZES = (1, 2, 4, 8, 16, 32, 64)
 CUDA_SIZES = (1, 2, 4, 8, 16, 32, 64, 96, 128)
@@ -193,9 +196,9 @@ def cap(latency: LatencyModel) -> int:
 class AutoBudget:
     """A proposer whose every tree is cut to the size with the best expected accepted tokens per second."""
 
-    def __init__(self, inner, latency: LatencyModel, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, inner: GraftProposer, latency: LatencyModel, clock: Callable[[], float] = time.perf_counter) -> None:
         self.inner, self.latency, self.clock = inner, latency, clock
-        self.wants_hidden = getattr(inner, "wants_hidden", False)
+        self.wants_hidden = inner.wants_hidden
         self.chosen: list[int] = []  # tree nodes kept per step, across every generation
 
     def start(self, prompt, prefill) -> None:
@@ -208,18 +211,14 @@ class AutoBudget:
         scores = [tree.nodes[i].score for i in tree.ranked()]
         keep = self.latency.best_count(0, 0.0, scores, overhead=spent)
         self.chosen.append(keep)
-        budgets = getattr(stats, "budgets", None)
-        if budgets is not None:
-            budgets.append(keep)
+        stats.budgets.append(keep)
         return tree.select(keep)
 
     def observe(self, step) -> None:
         self.inner.observe(step)
 
     def close(self) -> None:
-        close = getattr(self.inner, "close", None)
-        if callable(close):
-            close()
+        self.inner.close()
 
 
 def build_auto(config, loaded, build: Callable):
@@ -229,6 +228,5 @@ def build_auto(config, loaded, build: Callable):
         return build(replace(config, budget=0), loaded)
     latency = latency_model(loaded)
     inner = build(replace(config, budget=cap(latency)), loaded)
-    if hasattr(inner, "latency"):  # the proposer's own choice of retrieved nodes uses the same measured costs
-        inner.latency = latency
+    inner.latency = latency  # the proposer's own choice of retrieved nodes uses the same measured costs
     return AutoBudget(inner, latency)

@@ -187,9 +187,7 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
             records = [r for k, r in read_runs(every_run, fingerprints).items() if k[0] in wanted and k[1] in names]
         finally:
             for runner in runners:  # retrievers that keep state on disk (when asked to) save it
-                close = getattr(runner, "close", None)
-                if callable(close):
-                    close()
+                runner.close()
     run_s = perf_counter() - t_run
     for name, error in failed.items():
         err.print(f"graft: error: method {name} failed and was dropped: {error}", highlight=False)

@@ -123,14 +123,12 @@ def _convert(text: str, hint, key: str):
 
 
 def uses_draft(spec: MethodSpec) -> bool:
-    """Whether a method takes ``--draft``: hf-assisted, and the engine methods ``methods.TAKES_DRAFT`` names
-    (every engine method but ar where the module does not say)."""
+    """Whether a method takes ``--draft``: hf-assisted, and the engine methods ``methods.TAKES_DRAFT`` names."""
     from graft_cli import methods
 
     if spec.kind == "peer":
         return spec.method == "hf-assisted"
-    takes = getattr(methods, "TAKES_DRAFT", None)
-    return spec.method != "ar" and (takes is None or spec.method in takes)
+    return spec.method in methods.TAKES_DRAFT
 
 
 def fingerprint(parts: dict) -> str:

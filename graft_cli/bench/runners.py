@@ -37,6 +37,9 @@ class Runner(Protocol):
 
     def run(self, ids: list[int], max_new_tokens: int) -> Turn: ...
 
+    def close(self) -> None:
+        """After the last run: the method's parts save what they keep on disk."""
+
 
 class MemoryPeak:
     """Peak memory of one generation: the process's resident set on a CPU (Linux resets its high-water mark
@@ -107,7 +110,7 @@ class EngineRunner:
                                            None, stats) for t in step]
             _sync(self.device)
             wall = perf_counter() - t0
-        budgets = getattr(stats, "budgets", None)
+        budgets = stats.budgets
         return Turn(
             tokens, wall, list(stats.accept_lengths), stats.steps, dict(stats.proposed), dict(stats.accepted),
             {k: round(v, 4) for k, v in stats.times.items()}, mem.peak,
@@ -117,9 +120,7 @@ class EngineRunner:
 
 
     def close(self) -> None:
-        close = getattr(self.proposer, "close", None)
-        if callable(close):
-            close()
+        self.proposer.close()
 
 
 class _StepCounter:
@@ -179,6 +180,9 @@ class PeerRunner:
         if not self.kwargs and lengths:
             lengths = lengths[1:]
         return Turn(tokens, wall, lengths, len(lengths), peak_mem_mb=mem.peak)
+
+    def close(self) -> None:
+        """generate() keeps nothing across runs."""
 
 
 def build_runners(specs, loaded, draft_loaded, options, explicit: bool, warn: Callable[[str], None],

@@ -143,14 +143,8 @@ def test_a_retriever_without_the_optional_members_gets_their_defaults():
 
     asked = []
 
-    class Minimal:
+    class Minimal(BadIds):  # name, start, observe, retrieve: nothing more
         name = "minimal"
-
-        def start(self, prompt):
-            pass
-
-        def observe(self, step):
-            pass
 
         def retrieve(self, context, budget):
             asked.append(list(context))

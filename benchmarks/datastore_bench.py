@@ -342,7 +342,7 @@ def main() -> None:
     args = ap.parse_args()
     model = Path(args.model)
     if not model.exists():
-        from graft_cli.catalog import resolve_model
+        from graft_cli.catalog.resolve import resolve_model
 
         model = resolve_model(args.model)
     from datastores.fingerprint import describe_tokenizer_file

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.replay import ar_turns  # noqa: E402
-from graft_cli.bench import load_questions, resolve_dataset  # noqa: E402
+from graft_cli.bench.datasets import load_questions, resolve_dataset  # noqa: E402
 from graft_cli.loading import load_model  # noqa: E402
 from graft_cli.profile import latency_model  # noqa: E402
 

@@ -39,7 +39,11 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from graft_cli import bench, methods  # noqa: E402
+from graft_cli import methods  # noqa: E402
+from graft_cli.bench.datasets import Question  # noqa: E402
+from graft_cli.bench.execution import Conversation, execute, warm_up  # noqa: E402
+from graft_cli.bench.results import summarize  # noqa: E402
+from graft_cli.bench.runners import EngineRunner, PeerRunner, shared_models  # noqa: E402
 from graft_cli.engine import decode  # noqa: E402
 from graft_cli.loading import load_model, stop_ids  # noqa: E402
 from graft_cli.lossless import MarginTarget, report  # noqa: E402
@@ -110,13 +114,13 @@ def synthetic_dirs(root: Path, scale: Scale) -> tuple[Path, Path]:
     return target, head
 
 
-def prompts(scale: Scale) -> list[bench.Question]:
+def prompts(scale: Scale) -> list[Question]:
     """Prompts with a repeated stretch (a b a), so that prompt lookup has something to find."""
     rng = np.random.default_rng(0)
     out = []
     for i in range(scale.prompts):
         a, b = rng.integers(0, scale.vocab, 8).tolist(), rng.integers(0, scale.vocab, 8).tolist()
-        out.append(bench.Question(i, "synthetic", [" ".join(f"t{t}" for t in a + b + a)]))
+        out.append(Question(i, "synthetic", [" ".join(f"t{t}" for t in a + b + a)]))
     return out
 
 
@@ -142,15 +146,15 @@ def runners(loaded, configs: dict[str, MethodConfig]) -> list:
     """The bench's own runners: ar records its margins, hf is transformers' generate."""
     stop, device = stop_ids(loaded), loaded.device
     out = []
-    with bench.shared_models(loaded):  # the draft model is the target: one copy
+    with shared_models(loaded):  # the draft model is the target: one copy
         for name, config in configs.items():
             target = MarginTarget(loaded.model) if name == "ar" else Target(loaded.model)
-            out.append(bench.EngineRunner(name, target, methods.build(config, loaded), stop, device))
-    out.append(bench.PeerRunner("hf", loaded.model, stop, device))
+            out.append(EngineRunner(name, target, methods.build(config, loaded), stop, device))
+    out.append(PeerRunner("hf", loaded.model, stop, device))
     return out
 
 
-def build_store(root: Path, target: Path, records: list[dict], questions: list[bench.Question]) -> Path:
+def build_store(root: Path, target: Path, records: list[dict], questions: list[Question]) -> Path:
     """A suffix-array datastore over the prompts and ar's answers (what REST retrieves from)."""
     from datastores import build_store as build
 
@@ -162,10 +166,10 @@ def build_store(root: Path, target: Path, records: list[dict], questions: list[b
 
 
 def check_greedy(table: Table, loaded, conv, questions, scale: Scale, names: list[str], runs: list) -> None:
-    records = bench.execute(questions, runs, conv, scale.new_tokens)
+    records = execute(questions, runs, conv, scale.new_tokens)
     dtype = str(next(loaded.model.parameters()).dtype).replace("torch.", "")
     lossless = report(records, dtype)
-    summary = bench.summarize(records, names, ["synthetic"])["overall"]
+    summary = summarize(records, names, ["synthetic"])["overall"]
     for name in names:
         found = [d for d in lossless["mismatches"] + lossless["ties"] if d["method"] == name]
         ties = [f"q{d['question_id']} token {d['position']} margin {d['ar_margin']:.3g}" for d in found if d["tie"]]
@@ -202,7 +206,7 @@ def check_sampling(table: Table, loaded, conv, questions, scale: Scale, runs: li
     noise = [0.5 * np.abs(rng.multinomial(scale.samples, exact) / scale.samples - exact).sum() for _ in range(2000)]
     bound = float(np.quantile(noise, 0.999))
     for runner in runs:
-        if not isinstance(runner, bench.EngineRunner):
+        if not isinstance(runner, EngineRunner):
             continue  # transformers' generate is checked under greedy only
         counts = np.zeros_like(exact)
         for seed in range(scale.samples):  # one seed per run: a seed fixes the sampled text (graft_cli/sampling.Noise)
@@ -219,18 +223,18 @@ def check_methods(table: Table, device: str, dtype: str, scale: Scale) -> None:
         root = Path(tmp)
         target_dir, head = synthetic_dirs(root, scale)
         loaded = load_model(str(target_dir), device, dtype)
-        conv = bench.Conversation(loaded.tokenizer, stop_ids(loaded))
+        conv = Conversation(loaded.tokenizer, stop_ids(loaded))
         questions = prompts(scale)
         first = runners(loaded, {"ar": MethodConfig("ar")})
-        store = build_store(root, target_dir, bench.execute(questions, first, conv, scale.new_tokens), questions)
+        store = build_store(root, target_dir, execute(questions, first, conv, scale.new_tokens), questions)
         runs = runners(loaded, method_configs(target_dir, head, store, scale.depth))
         names = [r.name for r in runs]
-        bench.warm_up(runs, conv)
+        warm_up(runs, conv)
         check_greedy(table, loaded, conv, questions, scale, names, runs)
         check_sampling(table, loaded, conv, questions, scale, runs)
         check_flash_prefill(table, loaded.model)
         for r in runs:
-            if isinstance(r, bench.EngineRunner):
+            if isinstance(r, EngineRunner):
                 r.close()
 
 

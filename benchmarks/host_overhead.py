@@ -53,9 +53,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from graft_cli import engine  # noqa: E402
-from graft_cli.bench import load_questions, resolve_dataset  # noqa: E402
+from graft_cli.bench.datasets import load_questions, resolve_dataset  # noqa: E402
 from graft_cli.budget import LatencyModel  # noqa: E402
-from graft_cli.catalog import graft_home, resolve_model  # noqa: E402
+from graft_cli.catalog.home import graft_home  # noqa: E402
+from graft_cli.catalog.resolve import resolve_model  # noqa: E402
 from graft_cli.loading import encode, load_model, stop_ids  # noqa: E402
 from graft_cli.methods import MethodConfig, build  # noqa: E402
 from graft_cli.prune import DEFAULT as DEFAULT_PRUNE  # noqa: E402

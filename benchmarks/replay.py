@@ -31,7 +31,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from graft_cli.bench import MethodSpec, load_questions, method_config, resolve_dataset  # noqa: E402
+from graft_cli.bench.datasets import load_questions, resolve_dataset  # noqa: E402
+from graft_cli.bench.plan import MethodSpec, method_config  # noqa: E402
 from graft_cli.budget import LatencyModel  # noqa: E402
 from graft_cli.cli_bench import _variant  # noqa: E402
 from graft_cli.loading import encode, load_model  # noqa: E402

@@ -1,11 +1,12 @@
-"""Atomic builds: a shard is written into a hidden temporary directory beside its destination and renamed into
-place only when it is complete, under a lock that keeps a second build of the same name out; temporaries whose
-process is gone (a build killed with SIGKILL) are removed by the next graft command of any kind."""
+"""File safety, for every part of graft that writes (stores, the model catalog, latency profiles, the adjacency
+table): a file or directory is written under a temporary name beside its destination and renamed into place only
+when it is complete, under a lock where two processes could collide; temporaries name their process, so that
+those of a process that is gone (killed with SIGKILL) are removed by the next graft command of any kind.
+Torch-free, like the rest of datastores/."""
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
@@ -14,12 +15,11 @@ import secrets
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from datastores.errors import DatastoreError
-from datastores.store import SHARD_RE, TMP_RE, TOKENIZER_COPY, shard_dirs, shard_name
+TMP_RE = re.compile(r"^\.(.+)\.(?:tmp|old)-(\d+)-[0-9a-f]+$")  # build work and swap directories
+TOK_RE = re.compile(r"^\.tok-.+\.(\d+)-[0-9a-f]+$")  # atomic_file's temporary files
 
-TOK_RE = re.compile(r"^\.tok-.+\.(\d+)-[0-9a-f]+$")  # write_json_atomic's and copy_atomic's temporary files
 
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` still runs (a temporary directory named after a dead one is stale)."""
@@ -36,21 +36,35 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def clean_stale_tmp(directory: Path, prefix: str | None = None) -> None:
-    """Remove the temporaries builds whose process is gone left in ``directory``: work and swap directories
-    ``.<prefix>.tmp-<pid>-*`` / ``.<prefix>.old-<pid>-*`` (``prefix`` None: of any name) and ``.tok-*`` files."""
+def remove_stale(directory: Path, pattern: re.Pattern, pid_group: int | str = 1,
+                 also: Callable[[re.Match], bool] | None = None) -> list[Path]:
+    """Remove the entries of ``directory`` whose name matches ``pattern`` and names (in ``pid_group``) a process
+    that is gone, or for which ``also`` holds (the caller knows no live process uses them). Returns them."""
     try:
         entries = list(os.scandir(directory))
     except OSError:
-        return
+        return []
+    removed = []
     for entry in entries:
-        m = TMP_RE.match(entry.name)
-        if m and (prefix is None or m.group(1) == prefix) and not pid_alive(int(m.group(2))):
-            shutil.rmtree(entry.path, ignore_errors=True)
-        m = TOK_RE.match(entry.name)
-        if m and prefix is None and not pid_alive(int(m.group(1))):
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
+        m = pattern.match(entry.name)
+        if m and ((also is not None and also(m)) or not pid_alive(int(m.group(pid_group)))):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+            removed.append(Path(entry.path))
+    return removed
+
+
+def clean_stale_tmp(directory: Path, prefix: str | None = None) -> None:
+    """Remove the temporaries builds whose process is gone left in ``directory``: work and swap directories
+    ``.<prefix>.tmp-<pid>-*`` / ``.<prefix>.old-<pid>-*`` (``prefix`` None: of any name) and, with ``prefix``
+    None, :func:`atomic_file`'s ``.tok-*`` files."""
+    ours = re.compile(TMP_RE.pattern if prefix is None else rf"^\.{re.escape(prefix)}\.(?:tmp|old)-(\d+)-[0-9a-f]+$")
+    remove_stale(directory, ours, 2 if prefix is None else 1)
+    if prefix is None:
+        remove_stale(directory, TOK_RE)
 
 
 def sweep(root: Path) -> None:
@@ -71,7 +85,7 @@ def sweep(root: Path) -> None:
 
 def _drop_free_lock(path: Path) -> None:
     """Remove a build lock file when no process holds it (a build that takes it meanwhile notices, see
-    :func:`_build_lock`)."""
+    :func:`lock`)."""
     try:
         fd = os.open(path, os.O_RDWR)
     except OSError:
@@ -85,53 +99,22 @@ def _drop_free_lock(path: Path) -> None:
         os.close(fd)
 
 
-def disk_full_error(path: Path, e: OSError) -> DatastoreError:
-    try:
-        free = shutil.disk_usage(path if path.exists() else path.parent).free
-        free_s = f"{free / 2**20:,.0f} MiB free"
-    except OSError:
-        free_s = "free space unknown"
-    return DatastoreError(f"disk full while building {path} ({free_s}); nothing was left behind")
-
-
 @contextmanager
-def atomic_shard(store: Path, index: int, count: int, force: bool) -> Iterator[tuple[Path, Path]]:
-    """Yield ``(work_dir, shard_dir)``: write the shard into ``shard_dir`` (inside ``work_dir``); on a clean exit
-    it is moved into place in one rename, on any error (or interrupt) everything written is removed. One build of
-    a store (or shard) at a time: from the "already exists" check to the rename it holds a lock, and a second
-    build of the same name fails at once instead of replacing the first one's store. Every OSError (a full disk,
-    a read-only or forbidden directory) becomes a one-line DatastoreError."""
-    store = Path(store).expanduser().absolute()
-    name = shard_name(index, count)
-    try:
-        store.parent.mkdir(parents=True, exist_ok=True)
-        with _build_lock(store, name, index, count):
-            yield from _atomic_shard(store, name, index, count, force)
-    except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise disk_full_error(store, e) from e
-        where = f" ({e.filename})" if e.filename else ""
-        raise DatastoreError(f"cannot build {store}: {e.strerror or e}{where}") from e
-
-
-@contextmanager
-def _build_lock(store: Path, name: str, index: int, count: int) -> Iterator[None]:
-    """An advisory ``flock`` on ``.<store>.<shard>.lock`` beside the store, removed when the build ends (a lock
-    taken on a file that was removed meanwhile is taken again on the new one, so removing it is safe)."""
-    path = store.parent / f".{store.name}.{name}.lock"
+def lock(path: Path, busy: Callable[[], None]) -> Iterator[None]:
+    """An advisory ``flock`` on the file ``path``, removed when released. Where another process holds it,
+    ``busy`` runs: it raises to give up, or returns (say, after printing that it waits) to wait for the lock.
+    A lock taken on a file that was removed meanwhile is taken again on the new one, so removing it is safe."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            what = f"shard {index}/{count} of {store}" if count > 1 else str(store)
-            raise DatastoreError(f"another graft process is building {what}; wait for it to finish") from None
-        try:
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+            if not _try_flock(fd):
+                busy()
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            if _is_current(path, fd):
                 break
-        except FileNotFoundError:
-            pass
+        except BaseException:
+            os.close(fd)
+            raise
         os.close(fd)
     try:
         yield
@@ -141,111 +124,66 @@ def _build_lock(store: Path, name: str, index: int, count: int) -> Iterator[None
         os.close(fd)
 
 
-def _atomic_shard(store: Path, name: str, index: int, count: int, force: bool) -> Iterator[tuple[Path, Path]]:
-    created_store = False
-    if count == 1:
-        if store.exists():
-            if not force:
-                raise DatastoreError(f"{store} already exists (use --force to replace it)")
-            if not _is_store_dir(store):
-                raise DatastoreError(f"{store} exists and is not a datastore; not replacing it")
-        clean_stale_tmp(store.parent, store.name)
-        work = store.parent / f".{store.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        shard = work / name
-    else:
-        if store.exists():
-            if not _is_store_dir(store, allow_empty=True):
-                raise DatastoreError(f"{store} exists and is not a datastore")
-            others = {n for _, n, _ in shard_dirs(store)}
-            if others - {count}:
-                raise DatastoreError(
-                    f"{store} holds shards of a {sorted(others - {count})[0]}-way build; "
-                    f"remove it or build those shards again with the same count"
-                )
-            if (store / name).exists() and not force:
-                raise DatastoreError(f"shard {index}/{count} of {store} already exists (use --force to rebuild it)")
-        else:
-            store.mkdir(parents=True)
-            created_store = True
-        clean_stale_tmp(store, name)
-        work = store / f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        shard = work
-    ok = False
+def _try_flock(fd: int) -> bool:
     try:
-        shard.mkdir(parents=True)
-        yield work, shard
-        _commit(store, work, name, count)
-        ok = True
-    finally:
-        if not ok:
-            shutil.rmtree(work, ignore_errors=True)
-            if created_store:
-                _remove_if_bare(store)
-
-
-def _remove_if_bare(store: Path) -> None:
-    """Remove a store directory this build created if nothing but our tokenizer copy is in it (another shard's
-    build may have started in it meanwhile: then it stays)."""
-    try:
-        entries = list(os.scandir(store))
-    except OSError:
-        return
-    if all(e.name == TOKENIZER_COPY or e.name.startswith(".tok-") for e in entries):
-        shutil.rmtree(store, ignore_errors=True)
-
-
-def _is_store_dir(path: Path, allow_empty: bool = False) -> bool:
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         return False
-    if not entries:
-        return allow_empty
-    return any(SHARD_RE.match(e.name) for e in entries) or (
-        allow_empty and all(TMP_RE.match(e.name) or e.name == TOKENIZER_COPY for e in entries)
-    )
+    return True
 
 
-def _commit(store: Path, work: Path, name: str, count: int) -> None:
-    if count == 1:
-        old = None
-        if store.exists():
-            old = store.parent / f".{store.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
-            os.rename(store, old)
-        try:
-            os.rename(work, store)
-        except OSError:
-            if old is not None:
-                os.rename(old, store)
-            raise
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    else:
-        target = store / name
-        old = None
-        if target.exists():
-            old = store / f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-            os.rename(target, old)
-        os.rename(work, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+def _is_current(path: Path, fd: int) -> bool:
+    """Whether ``fd`` is still the file at ``path`` (not one removed meanwhile)."""
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def swap_into_place(src: Path, dest: Path, old: Path) -> None:
+    """Rename the finished directory ``src`` to ``dest``; an existing ``dest`` is first renamed to ``old`` (a
+    temporary name :func:`remove_stale` knows), put back if the second rename fails, and removed at the end."""
+    moved = dest.exists()
+    if moved:
+        os.rename(dest, old)
+    try:
+        os.rename(src, dest)
+    except OSError:
+        if moved:
+            os.rename(old, dest)
+        raise
+    if moved:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` (same filesystem) to write; on a clean exit it replaces ``path`` in
+    one rename, on any error it is removed: a reader sees the old file or the new one, never half of one."""
+    path = Path(path)
+    tmp = path.parent / f".tok-{path.name}.{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    with atomic_file(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.parent / f".tok-{path.name}.{os.getpid()}-{secrets.token_hex(4)}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    """JSON, flushed to the disk before the rename (a store's manifest must survive a power cut whole)."""
+    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1, sort_keys=False)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def copy_atomic(src: Path, dest: Path) -> None:
-    tmp = dest.parent / f".tok-{dest.name}.{os.getpid()}-{secrets.token_hex(4)}"
-    try:
+    with atomic_file(dest) as tmp:
         shutil.copyfile(src, tmp)
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            tmp.unlink()

@@ -1,29 +1,36 @@
-"""Building a store (or one shard of it) from a corpus: read, tokenise, index, describe, commit atomically."""
+"""Building a store (or one shard of it) from a corpus: read, tokenise, index, describe, commit atomically (the
+shard is written in a work directory beside it and renamed into place, under a lock: datastores/atomic.py)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
+import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO, Sequence
+from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
 
+from datastores.atomic import TMP_RE, clean_stale_tmp, copy_atomic, lock, swap_into_place, write_json_atomic
 from datastores.corpus import Corpus, corpus_digest
 from datastores.errors import DatastoreError
 from datastores.fingerprint import describe_tokenizer_file
 from datastores.integrity import remember
-from datastores.atomic import atomic_shard, copy_atomic, write_json_atomic
 from datastores.store import (
     FORMAT,
     FORMAT_VERSION,
     KINDS,
     MANIFEST,
+    SHARD_RE,
     TOKENIZER_COPY,
     Progress,
     describe_files,
     elapsed,
     now_iso,
+    shard_dirs,
     shard_name,
 )
 from datastores.tokenize import SEP, TokenizeStats, tokenize_stream
@@ -176,3 +183,115 @@ def build_store(
     for name, info in manifest["files"].items():  # hashed just now: its first open need not hash it again
         remember(final / name, info["sha256"])
     return manifest
+
+
+def disk_full_error(path: Path, e: OSError) -> DatastoreError:
+    try:
+        free = shutil.disk_usage(path if path.exists() else path.parent).free
+        free_s = f"{free / 2**20:,.0f} MiB free"
+    except OSError:
+        free_s = "free space unknown"
+    return DatastoreError(f"disk full while building {path} ({free_s}); nothing was left behind")
+
+
+@contextmanager
+def atomic_shard(store: Path, index: int, count: int, force: bool) -> Iterator[tuple[Path, Path]]:
+    """Yield ``(work_dir, shard_dir)``: write the shard into ``shard_dir`` (inside ``work_dir``); on a clean exit
+    it is moved into place in one rename, on any error (or interrupt) everything written is removed. One build of
+    a store (or shard) at a time: from the "already exists" check to the rename it holds a lock, and a second
+    build of the same name fails at once instead of replacing the first one's store. Every OSError (a full disk,
+    a read-only or forbidden directory) becomes a one-line DatastoreError."""
+    store = Path(store).expanduser().absolute()
+    name = shard_name(index, count)
+    try:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        with _build_lock(store, name, index, count):
+            yield from _atomic_shard(store, name, index, count, force)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise disk_full_error(store, e) from e
+        where = f" ({e.filename})" if e.filename else ""
+        raise DatastoreError(f"cannot build {store}: {e.strerror or e}{where}") from e
+
+
+def _build_lock(store: Path, name: str, index: int, count: int):
+    """One build of a store's shard at a time: ``.<store>.<shard>.lock`` beside the store; a second build fails."""
+    def busy() -> None:
+        what = f"shard {index}/{count} of {store}" if count > 1 else str(store)
+        raise DatastoreError(f"another graft process is building {what}; wait for it to finish")
+
+    return lock(store.parent / f".{store.name}.{name}.lock", busy)
+
+
+def _atomic_shard(store: Path, name: str, index: int, count: int, force: bool) -> Iterator[tuple[Path, Path]]:
+    created_store = False
+    if count == 1:
+        if store.exists():
+            if not force:
+                raise DatastoreError(f"{store} already exists (use --force to replace it)")
+            if not _is_store_dir(store):
+                raise DatastoreError(f"{store} exists and is not a datastore; not replacing it")
+        clean_stale_tmp(store.parent, store.name)
+        work = store.parent / f".{store.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        shard = work / name
+    else:
+        if store.exists():
+            if not _is_store_dir(store, allow_empty=True):
+                raise DatastoreError(f"{store} exists and is not a datastore")
+            others = {n for _, n, _ in shard_dirs(store)}
+            if others - {count}:
+                raise DatastoreError(
+                    f"{store} holds shards of a {sorted(others - {count})[0]}-way build; "
+                    f"remove it or build those shards again with the same count"
+                )
+            if (store / name).exists() and not force:
+                raise DatastoreError(f"shard {index}/{count} of {store} already exists (use --force to rebuild it)")
+        else:
+            store.mkdir(parents=True)
+            created_store = True
+        clean_stale_tmp(store, name)
+        work = store / f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        shard = work
+    ok = False
+    try:
+        shard.mkdir(parents=True)
+        yield work, shard
+        _commit(store, work, name, count)
+        ok = True
+    finally:
+        if not ok:
+            shutil.rmtree(work, ignore_errors=True)
+            if created_store:
+                _remove_if_bare(store)
+
+
+def _remove_if_bare(store: Path) -> None:
+    """Remove a store directory this build created if nothing but our tokenizer copy is in it (another shard's
+    build may have started in it meanwhile: then it stays)."""
+    try:
+        entries = list(os.scandir(store))
+    except OSError:
+        return
+    if all(e.name == TOKENIZER_COPY or e.name.startswith(".tok-") for e in entries):
+        shutil.rmtree(store, ignore_errors=True)
+
+
+def _is_store_dir(path: Path, allow_empty: bool = False) -> bool:
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return False
+    if not entries:
+        return allow_empty
+    return any(SHARD_RE.match(e.name) for e in entries) or (
+        allow_empty and all(TMP_RE.match(e.name) or e.name == TOKENIZER_COPY for e in entries)
+    )
+
+
+def _commit(store: Path, work: Path, name: str, count: int) -> None:
+    """The finished work directory into place: the whole store, or one shard inside it."""
+    tag = f"{os.getpid()}-{secrets.token_hex(4)}"
+    if count == 1:
+        swap_into_place(work, store, store.parent / f".{store.name}.old-{tag}")
+    else:
+        swap_into_place(work, store / name, store / f".{name}.tmp-{tag}")

@@ -15,8 +15,9 @@ import contextlib
 import hashlib
 import json
 import os
-import secrets
 from pathlib import Path
+
+from datastores.atomic import write_text_atomic
 
 SAMPLE_BLOCKS = 16
 SAMPLE_BYTES = 4096
@@ -63,21 +64,34 @@ def remember(path: Path, sha256: str) -> None:
     record = path.parent / RECORD
     data = _read(record)
     data[path.name] = {"stamp": stamp(path), "sha256": sha256}
-    tmp = path.parent / f".tok-{RECORD}.{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        os.replace(tmp, record)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    with contextlib.suppress(OSError):
+        write_text_atomic(record, json.dumps(data, indent=1))
+
+
+def _recorded(path: Path) -> str | None:
+    """The SHA-256 recorded for ``path`` if its stamp is still the one recorded with it."""
+    seen = _read(path.parent / RECORD).get(path.name)
+    if isinstance(seen, dict) and seen.get("stamp") == stamp(path) and isinstance(seen.get("sha256"), str):
+        return seen["sha256"]
+    return None
+
+
+def sha256_of(path: Path) -> str:
+    """``path``'s SHA-256, hashed in full only when the file changed since it was last recorded (what identifies
+    a plain model directory in profiles and benchmark fingerprints, computed once per change of its weights)."""
+    path = Path(path)
+    digest = _recorded(path)
+    if digest is None:
+        digest = file_sha256(path)
+        remember(path, digest)
+    return digest
 
 
 def sha256_matches(path: Path, expected: str, *, force: bool = False) -> bool:
     """Whether ``path`` has SHA-256 ``expected``: hashed in full unless its stamp is the one recorded when it last
     matched (``force``: hashed whatever the record says)."""
     path = Path(path)
-    seen = _read(path.parent / RECORD).get(path.name)
-    if not force and isinstance(seen, dict) and seen.get("sha256") == expected and seen.get("stamp") == stamp(path):
+    if not force and _recorded(path) == expected:
         return True
     if file_sha256(path) != expected:
         return False

@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
+from datastores.atomic import TMP_RE
 from datastores.errors import DatastoreError
 from datastores.integrity import file_sha256, sample_digest, sha256_matches
 
@@ -41,7 +42,6 @@ KINDS = ("suffix-array", "ngram")
 MANIFEST = "manifest.json"
 TOKENIZER_COPY = "tokenizer.json"
 SHARD_RE = re.compile(r"^shard-(\d{5})-of-(\d{5})$")
-TMP_RE = re.compile(r"^\.(.+)\.(?:tmp|old)-(\d+)-[0-9a-f]+$")  # a build's temporaries (datastores/atomic.py)
 
 
 # --- progress -------------------------------------------------------------------------------------------------

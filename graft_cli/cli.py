@@ -52,13 +52,17 @@ def _terminated(signum: int, frame: object) -> None:
 
 def _sweep() -> None:
     """Remove what graft processes killed outright (SIGKILL, a power cut) left behind: pull work dirs under
-    GRAFT_HOME/tmp, store build temporaries and locks under GRAFT_HOME/datastores. Those of live processes stay."""
-    from datastores.atomic import sweep
-    from graft_cli.catalog import clean_stale_tmp, graft_home
+    GRAFT_HOME/tmp, store build temporaries and locks under GRAFT_HOME/datastores, half-written files of GRAFT_HOME
+    itself (the GGUF index) and of its profiles. Those of live processes stay."""
+    from datastores.atomic import clean_stale_tmp, sweep
+    from graft_cli.catalog.home import clean_stale_tmp as clean_pull_dirs
+    from graft_cli.catalog.home import graft_home
 
     try:
-        clean_stale_tmp()
+        clean_pull_dirs()
         sweep(graft_home() / "datastores")
+        for directory in (graft_home(), graft_home() / "profiles"):
+            clean_stale_tmp(directory)
     except OSError:
         pass  # a GRAFT_HOME we cannot read is the command's own problem to report
 

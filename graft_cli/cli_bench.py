@@ -1,4 +1,4 @@
-"""``graft bench``: every method side by side on Spec-Bench-style questions (see graft_cli/bench.py)."""
+"""``graft bench``: every method side by side on Spec-Bench-style questions (see graft_cli/bench/)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def bench(
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write the PNG plots."),
 ) -> None:
     """Benchmark every method side by side: speedup and tau per category, lossless check, Spec-Bench answer files."""
-    from graft_cli.bench import BenchOptions, run_bench
+    from graft_cli.bench.command import BenchOptions, run_bench
     from graft_cli.cli_generate import _options
     from graft_cli.limits import parse_truncate
     from graft_cli.loading import parse_device_map
@@ -99,7 +99,7 @@ def _pairs(pairs: list[str], flag: str) -> dict[str, str]:
 
 def _variant(text: str) -> tuple[str, Variant]:
     """``NAME=METHOD FIELD=VALUE ...`` -> (NAME, Variant)."""
-    from graft_cli.bench import Variant
+    from graft_cli.bench.plan import Variant
 
     head, *fields = text.split() or [""]
     name, sep, method = head.partition("=")

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from graft_cli.catalog import DEFAULT_MODEL
+from graft_cli.catalog.entries import DEFAULT_MODEL
 
 heads_app = typer.Typer(no_args_is_help=True, help="EAGLE-3 draft heads: train, list, evaluate, ship.")
 
@@ -55,7 +55,7 @@ def train(
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (torch.set_num_threads)."),
 ) -> None:
     """Train an EAGLE-3 head for MODEL on a corpus (resumable; see docs/heads.md)."""
-    from graft_cli.catalog import graft_home
+    from graft_cli.catalog.home import graft_home
     from graft_cli.heads.train import Settings, train as run_training
 
     dest = _head_dir(out, name)
@@ -125,7 +125,7 @@ def eval_(
     """Acceptance per draft step on real prompts, teacher-forced over the target's greedy continuations."""
     import torch
 
-    from graft_cli.bench import load_questions, resolve_dataset
+    from graft_cli.bench.datasets import load_questions, resolve_dataset
     from graft_cli.drafters.eagle3 import load_head
     from graft_cli.errors import GraftError
     from graft_cli.heads.evaluate import evaluate_head

@@ -36,7 +36,7 @@ def _errors() -> Iterator[None]:
 
 
 def _home() -> Path:
-    from graft_cli.catalog import graft_home
+    from graft_cli.catalog.home import graft_home
 
     return graft_home()
 
@@ -196,7 +196,7 @@ def build(
         if "/" in name or name.startswith(".") or name in ("", ".."):
             raise GraftError(f"--name {name!r} is not a plain name (use --out for a path)")
         dest = _stores_root() / name
-    from graft_cli.catalog import resolve_model
+    from graft_cli.catalog.resolve import resolve_model
 
     model_dir = resolve_model(model)
     jobs = jobs if jobs > 0 else (os.cpu_count() or 1)
@@ -333,7 +333,7 @@ def _store_tokenizer(path: Path, meta, model: Optional[str]):
     from datastores.tokenize import load_tokenizer
 
     if model:
-        from graft_cli.catalog import resolve_model
+        from graft_cli.catalog.resolve import resolve_model
 
         source = resolve_model(model)
     else:

@@ -23,9 +23,9 @@ def list_(
     as_json: bool = typer.Option(False, "--json", help="One JSON array on stdout instead of a table."),
 ) -> None:
     """Catalog models (size, whether pulled, the default) and any converted local GGUFs."""
-    from graft_cli import catalog
+    from graft_cli.catalog import home, resolve
 
-    rows = catalog.list_models()
+    rows = resolve.list_models()
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -48,7 +48,7 @@ def list_(
     if not console.is_terminal:  # piped: one line per model, whatever the width
         console = Console(width=200)
     console.print(table)
-    console.print(f"* default model; models live in {catalog.models_dir()} (set GRAFT_HOME to move them)")
+    console.print(f"* default model; models live in {home.models_dir()} (set GRAFT_HOME to move them)")
 
 
 @models_app.command("pull")
@@ -59,16 +59,16 @@ def pull(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Download, verify (sha256) and convert a model once; prints its directory on stdout."""
-    from graft_cli import catalog
+    from graft_cli.catalog import entries, home, install, resolve
 
-    name = name or catalog.DEFAULT_MODEL
-    if name in catalog.CATALOG:
-        already = catalog.is_pulled(name) and not force
-        path = catalog.pull(name, keep_gguf=keep_gguf, force=force, show_progress=not quiet)
+    name = name or entries.DEFAULT_MODEL
+    if name in entries.CATALOG:
+        already = home.is_pulled(name) and not force
+        path = install.pull(name, keep_gguf=keep_gguf, force=force, show_progress=not quiet)
         if already:
             typer.echo(f"graft: {name} is already pulled (use --force to pull it again)", err=True)
     else:
-        path = catalog.resolve_model(name)
+        path = resolve.resolve_model(name)
     typer.echo(str(path))
 
 
@@ -78,9 +78,9 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="The manifest as JSON."),
 ) -> None:
     """Show a model's manifest (source packages, sha256, sizes, conversion time)."""
-    from graft_cli import catalog
+    from graft_cli.catalog import resolve
 
-    data = catalog.model_info(name)
+    data = resolve.model_info(name)
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
@@ -98,7 +98,7 @@ def info(
 @models_app.command("rm")
 def rm(name: str = typer.Argument(..., help="Catalog name or gguf-* name of a pulled model.")) -> None:
     """Remove a pulled model's directory."""
-    from graft_cli import catalog
+    from graft_cli.catalog import install
 
-    path = catalog.remove(name)
+    path = install.remove(name)
     typer.echo(f"removed {name} ({path})")

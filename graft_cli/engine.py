@@ -27,6 +27,9 @@ class Proposer(Protocol):
 
     def observe(self, step: Step) -> None: ...
 
+    def close(self) -> None:
+        """End of the session (after its last ``decode``): parts that keep state on disk save it."""
+
 
 def decode(
     target: Target,

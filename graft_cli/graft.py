@@ -12,19 +12,24 @@ from typing import Callable, Protocol, Sequence
 from graft_cli.budget import Calibration, LatencyModel
 from graft_cli.stats import Stats
 from graft_cli.tree import ROOT, Tree
-from plugins.base import Retriever, Step
+from plugins.base import Retriever, Step, complete
 
 
 class Drafter(Protocol):
-    """Grows a draft tree from the context (and prunes it itself when given a pruner)."""
+    """Grows a draft tree from the context (and prunes it itself when given a pruner): everything the proposer
+    uses of it (``TreeDrafter`` implements it all)."""
 
-    wants_hidden: bool
+    wants_hidden: bool  # whether observe() needs the target's hidden states (EAGLE heads do)
+    levels: int  # tree levels the last draft grew (the trace records them)
 
     def start(self, prompt: Sequence[int], prefill: Step) -> None: ...
 
     def draft(self, context: Sequence[int], budget: int, stats: Stats) -> Tree: ...
 
     def observe(self, step: Step) -> None: ...
+
+    def close(self) -> None:
+        """End of the session: free or save what the drafter keeps."""
 
 
 class GraftProposer:
@@ -48,7 +53,7 @@ class GraftProposer:
         tail: bool = False,
     ) -> None:
         self.budget = budget
-        self.retrievers = list(retrievers)
+        self.retrievers = [complete(r) for r in retrievers]  # a plugin may leave out the optional members
         self.drafter = drafter
         self.latency = latency or LatencyModel.default("cpu")
         self.calibration = Calibration()
@@ -69,7 +74,7 @@ class GraftProposer:
     def propose(self, context: Sequence[int], stats: Stats) -> Tree:
         tree = self.drafter.draft(context, self.budget, stats) if self.drafter and self.budget > 0 else Tree()
         drafted = len(tree)
-        record = {"draft": drafted, "retrieved": 0, "levels": getattr(self.drafter, "levels", 0)}
+        record = {"draft": drafted, "retrieved": 0, "levels": self.drafter.levels if self.drafter else 0}
         self.trace.append(record)
         room = self.budget - drafted
         if room <= 0 or not self.retrievers:
@@ -136,7 +141,7 @@ class GraftProposer:
             parent = pool.add(parent, chain.nodes[i].token, chain.nodes[i].source, chain.nodes[i].score)
         base = chain.nodes[path[-1]].score
         for retriever in self.retrievers:
-            if not getattr(retriever, "stateless", False):
+            if not retriever.stateless:
                 continue
             sub = self.calibration.apply(self._retrieve(retriever, [*context, *tokens], room))
             mapping = {ROOT: parent}
@@ -154,8 +159,8 @@ class GraftProposer:
             self.trace[-1]["accepted"] = Counter(step.tree.nodes[i].source for i in accepted)
 
     def close(self) -> None:
-        """End of the session: retrievers and drafters that keep state on disk save it (``close()``)."""
-        for part in [self.drafter, *self.retrievers]:
-            close = getattr(part, "close", None)
-            if callable(close):
-                close()
+        """End of the session: retrievers and drafters that keep state on disk save it."""
+        if self.drafter:
+            self.drafter.close()
+        for retriever in self.retrievers:
+            retriever.close()

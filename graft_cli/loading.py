@@ -95,7 +95,7 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from graft_cli.catalog import resolve_model
+    from graft_cli.catalog.resolve import resolve_model
 
     hf_logging.disable_progress_bar()  # stderr carries our own progress and logs only
 

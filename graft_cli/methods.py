@@ -108,7 +108,7 @@ def check_datastore(config: MethodConfig) -> None:
     store = config.options.peek("datastore")
     if store:
         from datastores import DatastoreError, read_store, resolve_store
-        from graft_cli.catalog import graft_home
+        from graft_cli.catalog.home import graft_home
 
         try:
             read_store(resolve_store(store, graft_home()))

@@ -18,10 +18,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from statistics import median
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
+from datastores.atomic import write_text_atomic
 from graft_cli.budget import LatencyModel
 from graft_cli.errors import GraftError
+
+if TYPE_CHECKING:
+    from graft_cli.graft import GraftProposer
 
 CPU_SIZES = (1, 2, 4, 8, 16, 32, 64)
 CUDA_SIZES = (1, 2, 4, 8, 16, 32, 64, 96, 128)
@@ -61,7 +65,7 @@ def device_label(device: str) -> str:
 
 
 def profile_path(checksum: str, device: str, dtype: str) -> Path:
-    from graft_cli.catalog import graft_home
+    from graft_cli.catalog.home import graft_home
 
     return graft_home() / "profiles" / f"{checksum}-{device}-{dtype}.json"
 
@@ -136,7 +140,7 @@ def profile(loaded, refresh: bool = False, quiet: bool = False) -> dict:
     (``refresh`` or ``GRAFT_REPROFILE=1`` measures again)."""
     import torch
 
-    from graft_cli.catalog import model_checksum
+    from graft_cli.catalog.checksums import model_checksum
 
     device = loaded.device
     dtype = str(next(loaded.model.parameters()).dtype).replace("torch.", "")
@@ -173,9 +177,7 @@ def profile(loaded, refresh: bool = False, quiet: bool = False) -> dict:
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        tmp.replace(path)
+        write_text_atomic(path, json.dumps(data, indent=1) + "\n")
     except OSError as e:
         print(f"graft: warning: cannot cache the latency profile in {path}: {e.strerror or e}", file=sys.stderr)
     return data
@@ -194,9 +196,9 @@ def cap(latency: LatencyModel) -> int:
 class AutoBudget:
     """A proposer whose every tree is cut to the size with the best expected accepted tokens per second."""
 
-    def __init__(self, inner, latency: LatencyModel, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, inner: GraftProposer, latency: LatencyModel, clock: Callable[[], float] = time.perf_counter) -> None:
         self.inner, self.latency, self.clock = inner, latency, clock
-        self.wants_hidden = getattr(inner, "wants_hidden", False)
+        self.wants_hidden = inner.wants_hidden
         self.chosen: list[int] = []  # tree nodes kept per step, across every generation
 
     def start(self, prompt, prefill) -> None:
@@ -209,18 +211,14 @@ class AutoBudget:
         scores = [tree.nodes[i].score for i in tree.ranked()]
         keep = self.latency.best_count(0, 0.0, scores, overhead=spent)
         self.chosen.append(keep)
-        budgets = getattr(stats, "budgets", None)
-        if budgets is not None:
-            budgets.append(keep)
+        stats.budgets.append(keep)
         return tree.select(keep)
 
     def observe(self, step) -> None:
         self.inner.observe(step)
 
     def close(self) -> None:
-        close = getattr(self.inner, "close", None)
-        if callable(close):
-            close()
+        self.inner.close()
 
 
 def build_auto(config, loaded, build: Callable):
@@ -230,6 +228,5 @@ def build_auto(config, loaded, build: Callable):
         return build(replace(config, budget=0), loaded)
     latency = latency_model(loaded)
     inner = build(replace(config, budget=cap(latency)), loaded)
-    if hasattr(inner, "latency"):  # the proposer's own choice of retrieved nodes uses the same measured costs
-        inner.latency = latency
+    inner.latency = latency  # the proposer's own choice of retrieved nodes uses the same measured costs
     return AutoBudget(inner, latency)

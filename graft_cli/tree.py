@@ -28,13 +28,14 @@ class Node:
 class Tree:
     """Topologically ordered, prefix-closed token tree without duplicate siblings (duplicates merge).
 
-    ``nodes`` is the public record; the ``(parent, token)`` index makes ``add``/``child`` O(1), and whole-tree
+    ``nodes`` is the public record; the index (parent -> token -> node, children in insertion order) makes
+    ``add``/``child`` O(1) and ``children`` O(children), and whole-tree
     operations (masks, selection, copies, cuts) work on arrays or rebuild in one pass instead of node by node.
     """
 
     def __init__(self) -> None:
         self.nodes: list[Node] = []
-        self._index: dict[tuple[int, int], int] = {}  # (parent, token) -> node index
+        self._index: dict[int, dict[int, int]] = {}  # parent -> token -> node index
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -51,15 +52,16 @@ class Tree:
                 score = up.score
         else:
             raise IndexError(f"parent {parent} is not in the tree")
-        key = (parent, int(token))
-        found = self._index.get(key)
+        token = int(token)
+        kids = self._index.setdefault(parent, {})
+        found = kids.get(token)
         if found is not None:
             node = nodes[found]
             if score > node.score:
                 node.score, node.source, node.raw = score, source, raw
             return found
-        self._index[key] = len(nodes)
-        nodes.append(Node(key[1], parent, depth, source, float(score), raw))
+        kids[token] = len(nodes)
+        nodes.append(Node(token, parent, depth, source, float(score), raw))
         return len(nodes) - 1
 
     def add_path(self, tokens: Sequence[int], scores: Sequence[float], source: str, parent: int = ROOT) -> list[int]:
@@ -71,13 +73,14 @@ class Tree:
         return out
 
     def child(self, parent: int, token: int) -> int | None:
-        return self._index.get((parent, int(token)))
+        kids = self._index.get(parent)
+        return kids.get(int(token)) if kids else None
 
     def follow(self, tokens: Sequence[int]) -> list[int]:
         """The nodes along ``tokens`` from the root, as far as the tree goes (what greedy acceptance would take)."""
-        path, node, index = [], ROOT, self._index
+        path, node = [], ROOT
         for token in tokens:
-            node = index.get((node, int(token)))
+            node = self.child(node, token)
             if node is None:
                 break
             path.append(node)
@@ -85,7 +88,7 @@ class Tree:
 
     def children(self, parent: int) -> list[int]:
         """Children of ``parent`` in insertion order (best first when proposers add best first)."""
-        return sorted(i for (up, _), i in self._index.items() if up == parent)
+        return list(self._index.get(parent, {}).values())
 
     def merge(self, other: Tree, parent_map: dict[int, int] | None = None) -> None:
         """Graft every node of ``other`` into this tree; shared prefixes continue under the existing nodes."""
@@ -101,13 +104,13 @@ class Tree:
         """Add ``other``'s nodes best-first until this tree holds ``budget`` nodes; a path that begins like one
         already here continues under it (merged nodes cost nothing)."""
         mapping = {ROOT: ROOT}
-        nodes, index = other.nodes, self._index
+        nodes = other.nodes
         for i in other.ranked():
             node = nodes[i]
             parent = mapping.get(node.parent)
             if parent is None:  # its parent did not fit
                 continue
-            if len(self.nodes) >= budget and (parent, node.token) not in index:
+            if len(self.nodes) >= budget and self.child(parent, node.token) is None:
                 continue
             mapping[i] = self.add(parent, node.token, node.source, node.score, node.raw)
 
@@ -130,7 +133,7 @@ class Tree:
             node = self.nodes[i]
             parent = where[node.parent]
             where[i] = len(new.nodes)
-            new._index[(parent, node.token)] = len(new.nodes)
+            new._index.setdefault(parent, {})[node.token] = len(new.nodes)
             new.nodes.append(Node(node.token, parent, node.depth, node.source, node.score, node.raw))
         return new
 
@@ -141,7 +144,7 @@ class Tree:
         """A copy with new node scores (the caller keeps them never above the parent's) and raw estimates: the
         same shape, built in one pass."""
         new = Tree()
-        new._index = dict(self._index)
+        new._index = {parent: dict(kids) for parent, kids in self._index.items()}
         new.nodes = [Node(n.token, n.parent, n.depth, n.source, s, r) for n, s, r in zip(self.nodes, scores, raws)]
         return new
 
@@ -149,7 +152,8 @@ class Tree:
         """Keep only the first ``n`` nodes (prefix-closed because nodes are topologically ordered)."""
         if n < len(self.nodes):
             del self.nodes[n:]
-            self._index = {key: i for key, i in self._index.items() if i < n}
+            self._index = {parent: {token: i for token, i in kids.items() if i < n}
+                           for parent, kids in self._index.items() if parent < n}
 
     def within(self, vocab: int) -> Tree:
         """This tree without nodes whose token is not an id of a ``vocab``-token vocabulary, nor their subtrees

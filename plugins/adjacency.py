@@ -17,14 +17,13 @@ hook calls it too, once, if nobody else did).
 from __future__ import annotations
 
 import atexit
-import os
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 
+from datastores.atomic import atomic_file
 from graft_cli.tree import ROOT, Tree
 from plugins.base import RetrieverEnv, Step
 
@@ -100,15 +99,9 @@ class AdjacencyRetriever:
         from safetensors.torch import save_file
 
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        try:
-            save_file({"tokens": self.tokens.contiguous(), "probs": self.probs.contiguous()}, tmp,
+        with atomic_file(path) as tmp:
+            save_file({"tokens": self.tokens.contiguous(), "probs": self.probs.contiguous()}, str(tmp),
                       metadata={"k": str(self.k), "vocab": str(self.vocab_size)})
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
 
     def close(self) -> None:
         """Save the table to ``--adjacency-file`` (once; later calls do nothing)."""

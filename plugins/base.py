@@ -71,7 +71,11 @@ class Step:
 
 @runtime_checkable
 class Retriever(Protocol):
+    """Everything the engine uses of a retriever. ``stateless`` and ``close`` may be left out by a plugin
+    (:func:`complete` gives it :class:`RetrieverDefaults`'); the rest is the plugin's own."""
+
     name: str
+    stateless: bool  # whether retrieve() may be asked about any context (a speculative one: Graft(TAIL))
 
     def start(self, prompt: Sequence[int]) -> None:
         """A new request begins with these prompt tokens."""
@@ -81,3 +85,45 @@ class Retriever(Protocol):
 
     def observe(self, step: Step) -> None:
         """Learn from a verification (accepted tokens, and optionally the target's logits)."""
+
+    def close(self) -> None:
+        """End of the session: save what is kept across runs (on disk)."""
+
+
+class RetrieverDefaults:
+    """The members a retriever may leave out, as a base class to inherit from."""
+
+    stateless = False  # lookups read the real context's state: not safe on a speculative one
+
+    def close(self) -> None:
+        """Nothing to save."""
+
+
+class _Completed(RetrieverDefaults):
+    """A plugin retriever that leaves out optional members, seen through the whole :class:`Retriever`."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.name = inner, inner.name
+        self.stateless = bool(getattr(inner, "stateless", False))
+        self._close = getattr(inner, "close", None)
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.inner.start(prompt)
+
+    def retrieve(self, context: Sequence[int], budget: int) -> Tree:
+        return self.inner.retrieve(context, budget)
+
+    def observe(self, step: Step) -> None:
+        self.inner.observe(step)
+
+    def close(self) -> None:
+        if callable(self._close):
+            self._close()
+
+
+def complete(retriever: Any) -> Retriever:
+    """``retriever`` with every member of :class:`Retriever`: itself when it has them, else wrapped with the
+    defaults for what it leaves out. Checked once, when a proposer takes it, so that the engine never probes."""
+    if hasattr(retriever, "stateless") and hasattr(retriever, "close"):
+        return retriever
+    return _Completed(retriever)

@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 
 from graft_cli.errors import GraftError
 from graft_cli.tree import ROOT, Tree
-from plugins.base import RetrieverEnv, Step
+from plugins.base import RetrieverDefaults, RetrieverEnv, Step
 from plugins.calibration import LookupCalibration, match_group
 
 _OPEN: dict[tuple[str, str | None, str], Any] = {}  # opened stores, shared by the retrievers of one process
@@ -28,7 +28,7 @@ def option(env: RetrieverEnv, name: str, key: str, default: Any, cast: Callable[
 
 def _home():
     try:
-        from graft_cli.catalog import graft_home
+        from graft_cli.catalog.home import graft_home
     except ImportError:  # pragma: no cover - the catalog ships with graft
         return None
     return graft_home()
@@ -67,7 +67,7 @@ def to_tree(nodes: Sequence[Any], source: str) -> Tree:
     return tree
 
 
-class StoreRetriever:
+class StoreRetriever(RetrieverDefaults):
     """A retriever that looks the context up in an on-disk store; subclasses set ``name``, ``kind`` and
     :meth:`read_params` (the keyword arguments of the store's ``lookup``)."""
 

@@ -8,8 +8,12 @@ import json
 import pytest
 import torch
 
-from graft_cli import bench, plots, profile
-from graft_cli.bench import Conversation, Question, Turn
+from graft_cli import lossless, plots, profile
+from graft_cli.bench.datasets import REPO_ROOT, Question, categories_of, load_questions, parse_questions, resolve_dataset
+from graft_cli.bench.execution import Conversation, execute, interleave, read_runs, run_question
+from graft_cli.bench.plan import MethodSpec, Variant, method_config, plan_methods
+from graft_cli.bench.results import summarize, table, write_answers
+from graft_cli.bench.runners import PeerRunner, Turn, shared_models
 from graft_cli.budget import LatencyModel
 from graft_cli.cli import main
 from graft_cli.errors import GraftError
@@ -29,18 +33,18 @@ SPEC_BENCH_LINES = [
 def test_spec_bench_format_categories_and_limit(tmp_path):
     path = tmp_path / "q.jsonl"
     path.write_text("\n".join(SPEC_BENCH_LINES) + "\n\n")
-    qs = bench.load_questions(path)
+    qs = load_questions(path)
     assert [q.question_id for q in qs] == [81, 82, 241, 242, 401]
     assert qs[0].turns == ["Write a travel blog post.", "Rewrite it: every sentence starts with A."]
-    assert bench.categories_of(qs) == ["writing", "summarization", "math_reasoning"]
-    qs = bench.load_questions(path, ["summarization", "writing"], limit=1)
+    assert categories_of(qs) == ["writing", "summarization", "math_reasoning"]
+    qs = load_questions(path, ["summarization", "writing"], limit=1)
     assert [(q.question_id, q.category) for q in qs] == [(81, "writing"), (241, "summarization")]
     with pytest.raises(GraftError, match="no questions of category nope"):
-        bench.load_questions(path, ["nope"])
+        load_questions(path, ["nope"])
 
 
 def test_plain_prompt_jsonl_and_bad_records(tmp_path):
-    qs = bench.parse_questions(['{"prompt": "hello"}', '{"id": "b", "prompt": "bye", "category": "c"}'])
+    qs = parse_questions(['{"prompt": "hello"}', '{"id": "b", "prompt": "bye", "category": "c"}'])
     assert [(q.question_id, q.category, q.turns) for q in qs] == [(1, "all", ["hello"]), ("b", "c", ["bye"])]
     for bad, message in [
         ('{"turns": []}', "turns"),
@@ -49,23 +53,23 @@ def test_plain_prompt_jsonl_and_bad_records(tmp_path):
         ("{nope", "invalid JSON"),
     ]:
         with pytest.raises(GraftError, match=message):
-            bench.parse_questions([bad])
+            parse_questions([bad])
     with pytest.raises(GraftError, match="duplicate"):
-        bench.parse_questions(['{"id": 1, "prompt": "a"}', '{"id": 1, "prompt": "b"}'])
+        parse_questions(['{"id": 1, "prompt": "a"}', '{"id": 1, "prompt": "b"}'])
 
 
 def test_named_datasets_resolve_through_env_and_shared_data(tmp_path, monkeypatch):
     (tmp_path / "spec_bench_question.jsonl").write_text(SPEC_BENCH_LINES[0] + "\n")
     monkeypatch.setenv("GRAFT_BENCH_DATA", str(tmp_path))
-    assert bench.resolve_dataset("spec-bench") == tmp_path / "spec_bench_question.jsonl"
+    assert resolve_dataset("spec-bench") == tmp_path / "spec_bench_question.jsonl"
     with pytest.raises(GraftError, match="dataset not found"):
-        bench.resolve_dataset(str(tmp_path / "missing.jsonl"))
+        resolve_dataset(str(tmp_path / "missing.jsonl"))
     monkeypatch.delenv("GRAFT_BENCH_DATA")
-    shared = bench.REPO_ROOT.parent / "shared" / "data" / "bench" / "spec_bench_question.jsonl"
+    shared = REPO_ROOT.parent / "shared" / "data" / "bench" / "spec_bench_question.jsonl"
     if shared.exists():  # the real file: 13 categories, MT-Bench's 80 with two turns
-        qs = bench.load_questions(bench.resolve_dataset("spec-bench"), limit=1)
+        qs = load_questions(resolve_dataset("spec-bench"), limit=1)
         assert len(qs) == 13 and len(qs[0].turns) == 2
-        assert len(bench.load_questions(bench.resolve_dataset("mt-bench"))) == 80
+        assert len(load_questions(resolve_dataset("mt-bench"))) == 80
 
 
 # --- the runner with fake methods ------------------------------------------------------------------------------
@@ -104,17 +108,17 @@ QUESTIONS = [Question(1, "a", ["one", "two!"]), Question(2, "a", ["three"]), Que
 def test_interleaving_rotates_methods_question_by_question():
     log = []
     runners = [FakeRunner(n, log=log) for n in ("ar", "x", "y")]
-    records = bench.execute(QUESTIONS, runners, FakeConv(), 4)
+    records = execute(QUESTIONS, runners, FakeConv(), 4)
     # question 1 has two turns: each method runs both before the next method starts
     assert log == ["ar", "ar", "x", "x", "y", "y", "x", "y", "ar", "y", "ar", "x"]
     assert len(records) == 9
-    order = [(q.question_id, r.name) for q, r in bench.interleave(QUESTIONS, runners)]
+    order = [(q.question_id, r.name) for q, r in interleave(QUESTIONS, runners)]
     assert order[:3] == [(1, "ar"), (1, "x"), (1, "y")] and order[3:6] == [(2, "x"), (2, "y"), (2, "ar")]
 
 
 def test_multi_turn_puts_each_methods_own_answer_back():
     conv = FakeConv()
-    record = bench.run_question(FakeRunner("ar"), QUESTIONS[0], conv, 3)
+    record = run_question(FakeRunner("ar"), QUESTIONS[0], conv, 3)
     first = record["turns"][0]
     assert conv.seen[0] == ["one"]
     assert conv.seen[1] == ["one", first["text"], "two!"]
@@ -123,8 +127,8 @@ def test_multi_turn_puts_each_methods_own_answer_back():
 
 def test_mismatch_is_found_with_its_question_id():
     runners = [FakeRunner("ar"), FakeRunner("good"), FakeRunner("bad", wrong_on=len("three"))]
-    records = bench.execute(QUESTIONS, runners, FakeConv(), 5)
-    mismatches = bench.check_lossless(records)
+    records = execute(QUESTIONS, runners, FakeConv(), 5)
+    mismatches = lossless.check_lossless(records)
     assert mismatches == [{"question_id": 2, "category": "a", "method": "bad", "turn": 1, "position": 2,
                            "tokens": 5, "ar_tokens": 5, "ar_margin": None, "tie": False}]
 
@@ -135,13 +139,13 @@ def test_a_difference_where_ar_was_nearly_tied_is_a_tie_not_a_failure(margin, ti
     counted with its margin; where they were 2.0 apart it is a real mismatch and fails."""
     margins = [9.0, 9.0, margin, 9.0, 9.0]
     runners = [FakeRunner("ar", margins=margins), FakeRunner("good"), FakeRunner("bad", wrong_on=len("three"))]
-    records = bench.execute(QUESTIONS, runners, FakeConv(), 5)
-    report = bench.report(records, "bfloat16")
+    records = execute(QUESTIONS, runners, FakeConv(), 5)
+    report = lossless.report(records, "bfloat16")
     found = (report["ties"] if tie else report["mismatches"])
     assert report["ok"] is tie and report["tie_tolerance"] == 1.5
     assert [(d["method"], d["question_id"], d["position"], d["ar_margin"]) for d in found] == [("bad", 2, 2, margin)]
     assert len(report["ties"] + report["mismatches"]) == 1
-    assert not bench.report(records, "float32")["ok"]  # fp32's tolerance (1e-3) is tight
+    assert not lossless.report(records, "float32")["ok"]  # fp32's tolerance (1e-3) is tight
 
 
 def test_first_difference_never_calls_a_length_difference_a_tie():
@@ -163,7 +167,7 @@ class BrokenRunner(FakeRunner):
 def test_a_failing_method_is_dropped_and_the_others_go_on(tmp_path):
     failed, log = {}, []
     runners = [FakeRunner("ar", log=log), BrokenRunner("broken", log=log)]
-    records = bench.execute(QUESTIONS, runners, FakeConv(), 3, tmp_path / "runs.jsonl", failed=failed)
+    records = execute(QUESTIONS, runners, FakeConv(), 3, tmp_path / "runs.jsonl", failed=failed)
     assert list(failed) == ["broken"] and "question 2: RuntimeError: boom" in failed["broken"]
     assert log.count("broken") == 2 and log.count("ar") == 4  # two turns of question 1, then question 2 fails
     assert {r["method"] for r in records} == {"ar"} and len(records) == 3
@@ -172,8 +176,8 @@ def test_a_failing_method_is_dropped_and_the_others_go_on(tmp_path):
 
 def test_summary_uses_spec_bench_speedup_and_pooled_tau():
     runners = [FakeRunner("ar", speed=10.0), FakeRunner("fast", speed=25.0)]
-    records = bench.execute(QUESTIONS, runners, FakeConv(), 4)
-    summary = bench.summarize(records, ["ar", "fast"], ["a", "b"])
+    records = execute(QUESTIONS, runners, FakeConv(), 4)
+    summary = summarize(records, ["ar", "fast"], ["a", "b"])
     assert list(summary) == ["a", "b", "overall"]
     assert summary["overall"]["ar"]["tokens_per_s"] == pytest.approx(10.0)
     assert summary["overall"]["fast"]["speedup"] == pytest.approx(2.5)
@@ -184,51 +188,51 @@ def test_summary_uses_spec_bench_speedup_and_pooled_tau():
 
 def test_summary_groups_mt_bench_like_spec_bench():
     qs = [Question(1, "writing", ["a"]), Question(2, "coding", ["b"]), Question(3, "qa", ["c"])]
-    records = bench.execute(qs, [FakeRunner("ar")], FakeConv(), 2)
-    assert list(bench.summarize(records, ["ar"], ["writing", "coding", "qa"])) == \
+    records = execute(qs, [FakeRunner("ar")], FakeConv(), 2)
+    assert list(summarize(records, ["ar"], ["writing", "coding", "qa"])) == \
         ["writing", "coding", "mt_bench", "qa", "overall"]
-    assert bench.summarize(records, ["ar"], ["writing", "coding", "qa"])["mt_bench"]["ar"]["questions"] == 2
-    assert list(bench.summarize(records[:2], ["ar"], ["writing", "coding"])) == ["writing", "coding", "overall"]
+    assert summarize(records, ["ar"], ["writing", "coding", "qa"])["mt_bench"]["ar"]["questions"] == 2
+    assert list(summarize(records[:2], ["ar"], ["writing", "coding"])) == ["writing", "coding", "overall"]
 
 
 def test_runs_are_appended_and_resumed(tmp_path):
     runs = tmp_path / "runs.jsonl"
     fingerprints = {"ar": "f1", "x": "f2"}
-    first = bench.execute(QUESTIONS[:2], [FakeRunner("ar"), FakeRunner("x")], FakeConv(), 3, runs, {}, fingerprints)
+    first = execute(QUESTIONS[:2], [FakeRunner("ar"), FakeRunner("x")], FakeConv(), 3, runs, {}, fingerprints)
     assert len(runs.read_text().splitlines()) == 4
     runs.write_text(runs.read_text() + '{"cut short')  # an interrupted write
-    done = bench.read_runs(runs, fingerprints)
+    done = read_runs(runs, fingerprints)
     assert len(done) == 4
     log = []
-    records = bench.execute(QUESTIONS, [FakeRunner("ar", log=log), FakeRunner("x", log=log)], FakeConv(), 3, runs,
+    records = execute(QUESTIONS, [FakeRunner("ar", log=log), FakeRunner("x", log=log)], FakeConv(), 3, runs,
                             done, fingerprints)
     assert log == ["ar", "x"] and len(records) == 6  # only question 3 ran
-    assert len(bench.read_runs(runs, fingerprints)) == 6
-    assert bench.read_runs(runs, {"ar": "f1", "x": "changed"}).keys() == {(json.dumps(q), "ar") for q in (1, 2, 3)}
+    assert len(read_runs(runs, fingerprints)) == 6
+    assert read_runs(runs, {"ar": "f1", "x": "changed"}).keys() == {(json.dumps(q), "ar") for q in (1, 2, 3)}
     assert first[0]["fingerprint"] == "f1"
 
 
 def test_plan_methods_puts_ar_first_and_expands_budgets():
-    specs = bench.plan_methods(["pld", "hf"], ["ar", "pld", "graft"], [4, "auto"])
+    specs = plan_methods(["pld", "hf"], ["ar", "pld", "graft"], [4, "auto"])
     assert [(s.name, s.budget) for s in specs] == [("ar", None), ("pld@4", 4), ("pld@auto", "auto"), ("hf", None)]
-    assert [s.name for s in bench.plan_methods(["graft", "ar"], ["ar", "graft"], [8])] == ["ar", "graft"]
+    assert [s.name for s in plan_methods(["graft", "ar"], ["ar", "graft"], [8])] == ["ar", "graft"]
     with pytest.raises(GraftError, match="unknown method nope"):
-        bench.plan_methods(["nope"], ["ar"], [])
+        plan_methods(["nope"], ["ar"], [])
 
 
 def test_method_opts_set_method_config_fields_by_type():
-    spec = bench.MethodSpec("pld@4", "pld", "engine", 4)
-    config = bench.method_config(spec, {"datastore": "x"}, "draft-model", {"retrievers": "prompt,recycling"})
+    spec = MethodSpec("pld@4", "pld", "engine", 4)
+    config = method_config(spec, {"datastore": "x"}, "draft-model", {"retrievers": "prompt,recycling"})
     assert config.budget == 4 and config.options == {"datastore": "x"} and config.retrievers == ["prompt", "recycling"]
-    assert bench.method_config(bench.MethodSpec("ar", "ar", "engine"), {}, None, {"retrievers": "x"}).retrievers is None
+    assert method_config(MethodSpec("ar", "ar", "engine"), {}, None, {"retrievers": "x"}).retrievers is None
     with pytest.raises(GraftError, match="not a method setting"):
-        bench.method_config(spec, {}, None, {"nope": "1"})
+        method_config(spec, {}, None, {"nope": "1"})
 
 
 def test_outputs_answer_files_and_plots(tmp_path):
     runners = [FakeRunner("ar", speed=10.0), FakeRunner("pld@4", speed=12.0), FakeRunner("pld@8", speed=14.0),
                FakeRunner("pld@auto", speed=13.0), FakeRunner("hf", speed=9.0)]
-    records = bench.execute(QUESTIONS, runners, FakeConv(), 4)
+    records = execute(QUESTIONS, runners, FakeConv(), 4)
     for r in records:
         if r["method"] == "pld@auto":
             for t in r["turns"]:
@@ -241,13 +245,13 @@ def test_outputs_answer_files_and_plots(tmp_path):
                {"name": "hf", "method": "hf", "kind": "peer", "budget": None}]
     results = {"config": {"methods": methods, "model": {"spec": "m"}, "dataset": {"spec": "d"}, "max_new_tokens": 4,
                           "device": {"device": "cpu"}, "default_budget": 16},
-               "summary": bench.summarize(records, names, ["a", "b"])}
+               "summary": summarize(records, names, ["a", "b"])}
     assert results["summary"]["overall"]["pld@auto"]["budget_mean"] == 6.5
     lines, refs = plots.pareto_points(results)
     assert [p[0] for p in lines["pld"]] == [4.0, 6.5, 8.0] and set(refs) == {"ar", "hf"}
     for path in plots.write_all(tmp_path, results):
         assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
-    paths = bench.write_answers(tmp_path, records, names, QUESTIONS, "m")
+    paths = write_answers(tmp_path, records, names, QUESTIONS, "m")
     assert [p.name for p in paths] == ["ar.jsonl", "pld-b4.jsonl", "pld-b8.jsonl", "pld-bauto.jsonl", "hf.jsonl"]
     line = json.loads(paths[1].read_text().splitlines()[0])
     assert line["question_id"] == 1 and line["model_id"] == "m-pld-b4"
@@ -259,9 +263,9 @@ def test_outputs_answer_files_and_plots(tmp_path):
 def test_table_renders_every_category_and_method():
     from rich.console import Console
 
-    records = bench.execute(QUESTIONS, [FakeRunner("ar", speed=10.0), FakeRunner("pld", speed=15.0)], FakeConv(), 4)
+    records = execute(QUESTIONS, [FakeRunner("ar", speed=10.0), FakeRunner("pld", speed=15.0)], FakeConv(), 4)
     console = Console(width=120, record=True)
-    console.print(bench.table(bench.summarize(records, ["ar", "pld"], ["a", "b"]), ["ar", "pld"], "t"))
+    console.print(table(summarize(records, ["ar", "pld"], ["a", "b"]), ["ar", "pld"], "t"))
     text = console.export_text()
     assert "overall" in text and "1.50x τ2.00" in text and "10.00 tok/s" in text
 
@@ -436,14 +440,14 @@ def test_cli_bench_budgets_with_auto(tiny_dir, tmp_path, capsys, monkeypatch):
 
 
 def test_cli_bench_mismatch_exits_1_after_writing_results(tiny_dir, tmp_path, capsys, monkeypatch):
-    real = bench.PeerRunner.run
+    real = PeerRunner.run
 
     def corrupt(self, ids, max_new_tokens):
         turn = real(self, ids, max_new_tokens)
         turn.tokens = [*turn.tokens[:-1], (turn.tokens[-1] + 1) % 49152]
         return turn
 
-    monkeypatch.setattr(bench.PeerRunner, "run", corrupt)
+    monkeypatch.setattr(PeerRunner, "run", corrupt)
     out = tmp_path / "out"
     code, _, stderr = run_cli(["bench", "--model", str(tiny_dir), "--dataset", str(_dataset(tmp_path)),
                                "--categories", "code", "--limit", "1", "--max-new-tokens", "4", "--methods", "ar,hf",
@@ -475,7 +479,7 @@ def test_shared_models_hands_out_the_loaded_copy(tiny_dir):
 
     loaded = loading.load_model(str(tiny_dir), "cpu")
     original = loading.load_model
-    with bench.shared_models(loaded):
+    with shared_models(loaded):
         assert loading.load_model(str(tiny_dir), "cpu", "float32") is loaded
         assert loading.load_model(str(tiny_dir)) is loaded
     assert loading.load_model is original
@@ -582,24 +586,24 @@ def test_generate_budget_auto_reports_the_chosen_budget(tiny_dir, tmp_path, caps
 
 
 def test_variants_run_as_named_methods_with_their_own_settings():
-    variants = {"deep": bench.Variant("graft", {"depth": "14"})}
-    specs = bench.plan_methods(["dense", "deep"], ["ar", "dense", "graft"], [16, "auto"], variants)
+    variants = {"deep": Variant("graft", {"depth": "14"})}
+    specs = plan_methods(["dense", "deep"], ["ar", "dense", "graft"], [16, "auto"], variants)
     assert [s.name for s in specs] == ["ar", "dense@16", "dense@auto", "deep@16", "deep@auto"]
     assert specs[3].method == "graft" and specs[3].as_dict()["opts"] == {"depth": "14"}
     assert "opts" not in specs[1].as_dict()  # fingerprints of plain methods stay as they were
-    config = bench.method_config(specs[3], {}, "draft", {"depth": "6", "draft_top_k": "3"})
+    config = method_config(specs[3], {}, "draft", {"depth": "6", "draft_top_k": "3"})
     assert (config.method, config.depth, config.draft_top_k) == ("graft", 14, 3)  # the variant wins over --method-opt
     with pytest.raises(GraftError, match="name of a method"):
-        bench.plan_methods(["graft"], ["ar", "graft"], [], {"graft": bench.Variant("graft", {})})
+        plan_methods(["graft"], ["ar", "graft"], [], {"graft": Variant("graft", {})})
     with pytest.raises(GraftError, match="not an engine method"):
-        bench.plan_methods(["x"], ["ar", "graft"], [], {"x": bench.Variant("hf", {})})
+        plan_methods(["x"], ["ar", "graft"], [], {"x": Variant("hf", {})})
 
 
 def test_variant_flag_is_parsed_and_bad_ones_are_one_line_errors():
     from graft_cli.cli_bench import _variant
 
     assert _variant("deep=graft depth=14 prune_at=0:0.5,floor:0.3") == (
-        "deep", bench.Variant("graft", {"depth": "14", "prune_at": "0:0.5,floor:0.3"}))
+        "deep", Variant("graft", {"depth": "14", "prune_at": "0:0.5,floor:0.3"}))
     for bad in ["", "deep", "=graft", "deep=graft depth"]:
         with pytest.raises(GraftError):
             _variant(bad)

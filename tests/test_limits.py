@@ -114,7 +114,8 @@ def test_generate_refuses_at_load_and_before_any_forward(tmp_path, capsys):
 
 
 def test_bench_checks_every_question_before_any_forward():
-    from graft_cli.bench import Conversation, Question, check_reach
+    from graft_cli.bench.datasets import Question
+    from graft_cli.bench.execution import Conversation, check_reach
 
     conv = Conversation(word_tokenizer(), set())
     lim = Limits(positions=40, window=None, model="llama")

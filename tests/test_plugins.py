@@ -132,3 +132,39 @@ def test_a_retriever_that_raises_is_dropped_with_one_warning(capsys):
     assert [t for s in decode(Target(model), proposer, prompt, Sampling(), 20, set()) for t in s] == plain
     err = capsys.readouterr().err
     assert err.count("retriever raises failed in retrieve()") == 1 and "lookup exploded" in err
+
+
+def test_a_retriever_without_the_optional_members_gets_their_defaults():
+    """A plugin may leave out ``stateless`` and ``close``: the proposer completes it once (never probing per
+    step), so Graft(TAIL) skips it and closing the session works; one that has them is used as it is."""
+    from graft_cli.stats import Stats
+    from graft_cli.tree import Tree
+    from plugins.base import RetrieverDefaults
+
+    asked = []
+
+    class Minimal(BadIds):  # name, start, observe, retrieve: nothing more
+        name = "minimal"
+
+        def retrieve(self, context, budget):
+            asked.append(list(context))
+            return Tree.from_paths([[5]], self.name, 0.9)
+
+    class Full(RetrieverDefaults, Minimal):
+        name = "full"
+
+    class Chain:
+        wants_hidden, levels = False, 1
+
+        def draft(self, context, budget, stats):
+            return Tree.from_paths([[3]], "draft", 0.9)
+
+        def close(self):
+            pass
+
+    full = Full()
+    proposer = GraftProposer(4, [Minimal(), full], drafter=Chain(), tail=True)
+    assert proposer.retrievers[1] is full and not proposer.retrievers[0].stateless
+    proposer.propose([1, 2], Stats())
+    assert [1, 2, 3] not in asked  # only stateless retrievers continue the drafted chain
+    proposer.close()

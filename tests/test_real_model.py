@@ -28,7 +28,7 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def prompts():
-    from graft_cli.bench import resolve_dataset
+    from graft_cli.bench.datasets import resolve_dataset
     from graft_cli.errors import GraftError
 
     try:  # shared/data beside the checkout, or $GRAFT_BENCH_DATA
@@ -68,19 +68,22 @@ def test_greedy_ar_and_pld_equal_transformers_generate(smollm2, prompts):
 def bf16_report(target: str, configs: dict, prompts: list[str], n: int) -> dict:
     """Every method in ``configs`` on ``target`` in bf16 on the CPU, through the bench's runners, against ar with
     the tie-aware report (graft_cli/lossless.py); transformers' generate (hf) too."""
-    from graft_cli import bench
+    from graft_cli.bench.datasets import Question
+    from graft_cli.bench.execution import Conversation, execute
+    from graft_cli.bench.results import summarize
+    from graft_cli.bench.runners import EngineRunner, PeerRunner, shared_models
     from graft_cli.lossless import MarginTarget, report
 
     loaded = load_model(target, "cpu", "bfloat16")
     stop = stop_ids(loaded)
-    with bench.shared_models(loaded):
-        runners = [bench.EngineRunner(name, MarginTarget(loaded.model) if name == "ar" else Target(loaded.model),
+    with shared_models(loaded):
+        runners = [EngineRunner(name, MarginTarget(loaded.model) if name == "ar" else Target(loaded.model),
                                       methods.build(config, loaded), stop, "cpu") for name, config in configs.items()]
-    runners.append(bench.PeerRunner("hf", loaded.model, stop, "cpu"))
-    questions = [bench.Question(i, "real", [p]) for i, p in enumerate(prompts)]
-    records = bench.execute(questions, runners, bench.Conversation(loaded.tokenizer, stop), n)
+    runners.append(PeerRunner("hf", loaded.model, stop, "cpu"))
+    questions = [Question(i, "real", [p]) for i, p in enumerate(prompts)]
+    records = execute(questions, runners, Conversation(loaded.tokenizer, stop), n)
     out = report(records, "bfloat16")
-    summary = bench.summarize(records, list(configs) + ["hf"], ["real"])["overall"]
+    summary = summarize(records, list(configs) + ["hf"], ["real"])["overall"]
     out["tau"] = {name: figures["tau"] for name, figures in summary.items()}
     print(f"\n{target} bf16 ({len(prompts)} prompts x {n} tokens): {json.dumps(out)}")
     return out

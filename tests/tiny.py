@@ -13,7 +13,7 @@ def tiny_smollm2(layers: int = 1):
     """A random Llama, 32 wide, with SmolLM2's vocabulary, and the real SmolLM2 tokenizer (its chat template)."""
     from transformers import AutoTokenizer
 
-    from graft_cli.catalog import resolve_model
+    from graft_cli.catalog.resolve import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct"))
     torch.manual_seed(0)

@@ -15,7 +15,7 @@ SHIPPED = Path(__file__).parent / "shipped"
 
 
 def user_heads_dir() -> Path:
-    from graft_cli.catalog import graft_home
+    from graft_cli.catalog.home import graft_home
 
     return graft_home() / "heads"
 

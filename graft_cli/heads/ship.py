@@ -63,7 +63,7 @@ def ship(run: Path, out: Path, command: str = "") -> Path:
     """Write the head of ``run``'s newest checkpoint to ``out`` (atomically) with its README."""
     from transformers import AutoConfig
 
-    from graft_cli.catalog import resolve_model
+    from graft_cli.catalog.resolve import resolve_model
 
     latest = ckpt.latest_checkpoint(run)
     if latest is None:

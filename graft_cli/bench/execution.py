@@ -1,0 +1,181 @@
+"""Running the questions: turn by turn, the methods interleaved question by question, each finished
+(question, method) appended to a runs file at once so that an interrupted run resumes (``--resume``) and
+shards merge (``--report-only``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from graft_cli.bench.datasets import Question
+from graft_cli.bench.runners import Runner
+from graft_cli.errors import GraftError
+
+WARMUP_PROMPT = "Write three short sentences about the sea."
+WARMUP_TOKENS = 16
+
+
+class Conversation:
+    """Prompt formatting and answer text for multi-turn questions (Spec-Bench puts each answer back); ``fit``
+    checks (or, with --truncate, cuts) every prompt against the model's limits (graft_cli/limits.py)."""
+
+    def __init__(self, tokenizer, stop: set[int], fit: Callable[[list[int]], list[int]] | None = None) -> None:
+        self.tokenizer, self.stop, self.fit = tokenizer, stop, fit
+
+    def encode(self, messages: list[dict]) -> list[int]:
+        from graft_cli.loading import encode
+
+        ids = encode(self.tokenizer, messages)
+        return self.fit(ids) if self.fit is not None else ids
+
+    def text(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode([t for t in tokens if t not in self.stop], skip_special_tokens=True).strip()
+
+
+def run_question(runner: Runner, question: Question, conv: Conversation, max_new_tokens: int) -> dict:
+    """Every turn of ``question`` with ``runner``; returns its record (texts, tokens and figures per turn)."""
+    messages: list[dict] = []
+    turns = []
+    for text in question.turns:
+        messages.append({"role": "user", "content": text})
+        ids = conv.encode(messages)
+        cpu = time.process_time()
+        turn = runner.run(ids, max_new_tokens)
+        cpu = time.process_time() - cpu  # every thread of the process: about wall x threads on a quiet machine
+        answer = conv.text(turn.tokens)
+        messages.append({"role": "assistant", "content": answer})
+        turns.append({
+            "prompt_tokens": len(ids),
+            "new_tokens": len(turn.tokens),
+            "wall_s": round(turn.wall, 4),
+            "cpu_s": round(cpu, 4),
+            "tokens_per_s": round(len(turn.tokens) / turn.wall, 3) if turn.wall else 0.0,
+            "tau": round(sum(turn.accept_lengths) / len(turn.accept_lengths), 4) if turn.accept_lengths else 1.0,
+            "steps": turn.steps,
+            "accept_lengths": turn.accept_lengths,
+            "proposed": turn.proposed,
+            "accepted": turn.accepted,
+            "time_s": turn.time_s,
+            "peak_mem_mb": round(turn.peak_mem_mb, 1) if turn.peak_mem_mb is not None else None,
+            "budget_mean": turn.budget_mean,
+            "draft_forwards": turn.draft_forwards,
+            **({"margins": turn.margins} if turn.margins is not None else {}),
+            "text": answer,
+            "tokens": turn.tokens,
+        })
+    return {"question_id": question.question_id, "category": question.category, "method": runner.name,
+            "turns": turns}
+
+
+def interleave(questions: Sequence[Question], runners: Sequence[Runner]) -> Iterable[tuple[Question, Runner]]:
+    """Question by question, every method; the methods' order rotates by one from a question to the next."""
+    n = len(runners)
+    for i, q in enumerate(questions):
+        for j in range(n):
+            yield q, runners[(i + j) % n]
+
+
+def record_key(record: dict) -> tuple[str, str]:
+    return json.dumps(record["question_id"]), record["method"]
+
+
+def runs_files(out_dir: Path, shard: tuple[int, int] | None = None) -> list[Path]:
+    """Where runs are appended: ``runs.jsonl``, or ``runs.K-of-N.jsonl`` for a shard. With ``shard`` None: every
+    runs file in ``out_dir`` (what --resume and --report-only merge), ``runs.jsonl`` first."""
+    if shard is not None:
+        return [out_dir / f"runs.{shard[0]}-of-{shard[1]}.jsonl"]
+    return [out_dir / "runs.jsonl"] + sorted(out_dir.glob("runs.*-of-*.jsonl"))
+
+
+def read_runs(paths: Path | Sequence[Path], fingerprints: dict[str, str]) -> dict[tuple[str, str], dict]:
+    """Records of earlier runs whose method fingerprint still matches (what --resume keeps); a later line or file
+    replaces an earlier record of the same (question, method)."""
+    done: dict[tuple[str, str], dict] = {}
+    for path in [paths] if isinstance(paths, Path) else paths:
+        lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by an interruption
+            if isinstance(record, dict) and fingerprints.get(record.get("method")) == record.get("fingerprint"):
+                done[record_key(record)] = record
+    return done
+
+
+def execute(
+    questions: Sequence[Question],
+    runners: Sequence[Runner],
+    conv: Conversation,
+    max_new_tokens: int,
+    runs_path: Path | None = None,
+    done: dict | None = None,
+    fingerprints: dict[str, str] | None = None,
+    on_record: Callable[[dict], None] | None = None,
+    stamp: dict | None = None,
+    failed: dict[str, str] | None = None,
+) -> list[dict]:
+    """Run what is not ``done`` yet, interleaved; append each record to ``runs_path`` as soon as it finishes.
+
+    A method that raises is dropped from the rest of the run (its error goes into ``failed``) and the others go
+    on; its finished questions stay in ``runs_path`` for a later ``--resume``."""
+    import traceback
+
+    failed = failed if failed is not None else {}
+    done = dict(done or {})
+    out = None
+    if runs_path is not None:
+        runs_path.parent.mkdir(parents=True, exist_ok=True)
+        out = open(runs_path, "a", encoding="utf-8")
+        if out.tell() and not runs_path.read_bytes().endswith(b"\n"):  # a line cut short by an interruption
+            out.write("\n")
+    try:
+        for question, runner in interleave(questions, runners):
+            key = (json.dumps(question.question_id), runner.name)
+            if key in done or runner.name in failed:
+                continue
+            try:
+                record = run_question(runner, question, conv, max_new_tokens)
+            except Exception as e:  # noqa: BLE001 - one broken method must not lose hours of the others' runs
+                where = traceback.extract_tb(e.__traceback__)[-1]
+                failed[runner.name] = (f"question {question.question_id}: {type(e).__name__}: {e} "
+                                       f"({Path(where.filename).name}:{where.lineno})")
+                continue
+            if fingerprints:
+                record["fingerprint"] = fingerprints.get(runner.name)
+            record.update(stamp or {}, tstamp=round(time.time(), 3))
+            done[key] = record
+            if out:
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                out.flush()
+            if on_record:
+                on_record(record)
+    finally:
+        if out:
+            out.close()
+    wanted = {json.dumps(q.question_id) for q in questions}
+    names = {r.name for r in runners} - set(failed)
+    return [r for k, r in done.items() if k[0] in wanted and k[1] in names]
+
+
+def warm_up(runners: Sequence[Runner], conv: Conversation) -> None:
+    ids = conv.encode([{"role": "user", "content": WARMUP_PROMPT}])
+    for runner in runners:
+        runner.run(ids, WARMUP_TOKENS)
+
+
+def check_reach(questions: Sequence[Question], conv: Conversation, limits, max_new_tokens: int, depth: int) -> None:
+    """Before any forward: every question's last turn, each earlier answer counted at its longest, fits the model
+    (a GraftError naming the question otherwise)."""
+    for q in questions:
+        messages: list[dict] = []
+        for text in q.turns:
+            messages += [{"role": "user", "content": text}, {"role": "assistant", "content": ""}]
+        ids = conv.encode(messages[:-1]) + [0] * (max_new_tokens * (len(q.turns) - 1))
+        try:
+            limits.fit(ids, max_new_tokens, depth)
+        except GraftError as e:
+            answers = " (earlier answers counted at --max-new-tokens each)" if len(q.turns) > 1 else ""
+            raise GraftError(f"question {q.question_id}{answers}: {e}") from None

@@ -1,0 +1,135 @@
+"""The benchmark's columns: which methods run, at which budgets, with which settings (``--variant``,
+``--method-opt``), and the fingerprint that tells a resumed run whether a recorded method is still the same."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from graft_cli.errors import GraftError
+
+PEERS = ("hf", "hf-pld", "hf-assisted")
+
+
+@dataclass
+class MethodSpec:
+    """One column of the benchmark: an engine method at a budget, or a transformers peer."""
+
+    name: str  # what tables and files call it, e.g. pld or pld@8
+    method: str  # ar, pld, ... or hf, hf-pld, hf-assisted
+    kind: str  # "engine" or "peer"
+    budget: Any = None  # int, "auto" or None (the device default)
+    opts: dict[str, str] = field(default_factory=dict)  # a variant's own MethodConfig settings (--variant)
+
+    def as_dict(self) -> dict:
+        spec = {"name": self.name, "method": self.method, "kind": self.kind, "budget": self.budget}
+        return spec | ({"opts": self.opts} if self.opts else {})
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named engine method with settings of its own (``--variant deep=graft depth=14``), so that one run
+    compares, say, dense at its best depth with graft at its own."""
+
+    method: str
+    opts: dict[str, str]
+
+
+def plan_methods(names: Sequence[str], engine_methods: Sequence[str], budgets: Sequence[Any],
+                 variants: dict[str, Variant] | None = None) -> list[MethodSpec]:
+    """The benchmark's columns: ``ar`` first (always: it is the baseline), then the asked methods, engine
+    methods and variants once per budget when several budgets are given (named ``method@budget``)."""
+    variants = variants or {}
+    for name, variant in variants.items():
+        if name in engine_methods or name in PEERS:
+            raise GraftError(f"--variant {name}: the name of a method; call the variant something else")
+        if variant.method not in engine_methods or variant.method == "ar":
+            raise GraftError(f"--variant {name}: '{variant.method}' is not an engine method other than ar")
+    unknown = [n for n in names if n not in engine_methods and n not in PEERS and n not in variants]
+    if unknown:
+        choices = ", ".join([*engine_methods, *PEERS, *variants])
+        raise GraftError(f"unknown method {', '.join(unknown)} (choose from {choices}, or all)")
+    names = ["ar", *[n for n in dict.fromkeys(names) if n != "ar"]]
+    budgets = list(budgets) or [None]
+    specs = []
+    for n in names:
+        if n in PEERS:
+            specs.append(MethodSpec(n, n, "peer"))
+        elif n == "ar":
+            specs.append(MethodSpec("ar", "ar", "engine"))
+        else:
+            variant = variants.get(n, Variant(n, {}))
+            for b in budgets:
+                specs.append(MethodSpec(n if len(budgets) == 1 else f"{n}@{b}", variant.method, "engine", b,
+                                        dict(variant.opts)))
+    return specs
+
+
+def expand_methods(names: Sequence[str], engine_methods: Sequence[str], draft: str | None) -> tuple[list[str], bool]:
+    """``all`` means every engine method and every peer that can run; returns (names, explicit)."""
+    if list(names) == ["all"]:
+        peers = [p for p in PEERS if p != "hf-assisted" or draft]
+        return [*engine_methods, *peers], False
+    return list(names), True
+
+
+def method_config(spec: MethodSpec, options: dict, draft: str | None, method_opts: dict | None = None):
+    """The MethodConfig of an engine method: its budget, the retriever options, ``--draft`` where the method takes
+    one, and any other MethodConfig field given as text (``--method-opt depth=4``, then the variant's own),
+    converted to the field's type."""
+    import dataclasses
+    import typing
+
+    from graft_cli import methods
+
+    config = methods.MethodConfig(method=spec.method, budget=spec.budget, options=dict(options),
+                                  draft=draft if uses_draft(spec) else None)
+    if spec.method == "ar":
+        return config
+    hints = typing.get_type_hints(methods.MethodConfig)
+    fields = {f.name for f in dataclasses.fields(methods.MethodConfig)} - {"method", "budget", "options", "draft"}
+    for key, text in ((method_opts or {}) | spec.opts).items():
+        if key not in fields:
+            raise GraftError(f"--method-opt {key}: not a method setting (choose from {', '.join(sorted(fields))})")
+        setattr(config, key, _convert(text, hints.get(key), key))
+    return config
+
+
+def _convert(text: str, hint, key: str):
+    import typing
+
+    kinds = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    if text.lower() in ("none", "") and type(None) in typing.get_args(hint):
+        return None
+    for kind in kinds:
+        if typing.get_origin(kind) is list:
+            return [part.strip() for part in text.split(",") if part.strip()]
+        if kind is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            continue
+        if kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                continue
+        if kind is str:
+            return text
+    raise GraftError(f"--method-opt {key}: cannot read '{text}' as {hint}")
+
+
+def uses_draft(spec: MethodSpec) -> bool:
+    """Whether a method takes ``--draft``: hf-assisted, and the engine methods ``methods.TAKES_DRAFT`` names."""
+    from graft_cli import methods
+
+    if spec.kind == "peer":
+        return spec.method == "hf-assisted"
+    return spec.method in methods.TAKES_DRAFT
+
+
+def fingerprint(parts: dict) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]

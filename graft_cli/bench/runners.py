@@ -1,0 +1,265 @@
+"""What runs one generation of a benchmark column: the engine with a method's proposer, or a transformers
+``generate`` peer; both measure their wall time and peak memory the same way."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Callable, Protocol
+
+from graft_cli.bench.plan import method_config
+from graft_cli.errors import GraftError
+from graft_cli.lossless import MarginTarget
+
+HF_PLD_TOKENS = 10
+
+
+@dataclass
+class Turn:
+    """One generation: the tokens (a stop token included when one ended it) and what it cost."""
+
+    tokens: list[int]
+    wall: float
+    accept_lengths: list[int]
+    steps: int = 0
+    proposed: dict = field(default_factory=dict)
+    accepted: dict = field(default_factory=dict)
+    time_s: dict = field(default_factory=dict)
+    peak_mem_mb: float | None = None
+    budget_mean: float | None = None  # mean tree nodes chosen per step under --budget auto
+    draft_forwards: int = 0  # forwards of the draft model or head
+    margins: list[float] | None = None  # plain decoding: each token's top-2 logit margin (graft_cli/lossless.py)
+
+
+class Runner(Protocol):
+    name: str
+
+    def run(self, ids: list[int], max_new_tokens: int) -> Turn: ...
+
+    def close(self) -> None:
+        """After the last run: the method's parts save what they keep on disk."""
+
+
+class MemoryPeak:
+    """Peak memory of one generation: the process's resident set on a CPU (Linux resets its high-water mark
+    through /proc/self/clear_refs; elsewhere the process-wide peak is reported), allocated memory on CUDA."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+        self.peak: float | None = None
+
+    def __enter__(self) -> MemoryPeak:
+        if self.cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            try:
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")
+            except OSError:
+                pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            import torch
+
+            self.peak = torch.cuda.max_memory_allocated() / 2**20
+            return
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        self.peak = int(line.split()[1]) / 1024
+                        return
+        except OSError:
+            pass
+        try:
+            import resource
+
+            self.peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 2**20)
+        except (ImportError, OSError):
+            self.peak = None
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+class EngineRunner:
+    """An engine method: ``decode`` with the method's proposer, reused across prompts (its retrievers and
+    calibration stay warm, as in a ``graft generate --jsonl`` session)."""
+
+    def __init__(self, name: str, target, proposer, stop: set[int], device: str) -> None:
+        self.name, self.target, self.proposer, self.stop, self.device = name, target, proposer, stop, device
+
+    def run(self, ids: list[int], max_new_tokens: int) -> Turn:
+        from graft_cli.engine import decode
+        from graft_cli.sampling import Sampling
+        from graft_cli.stats import Stats
+
+        stats = Stats()
+        with MemoryPeak(self.device) as mem:
+            t0 = perf_counter()
+            tokens = [t for step in decode(self.target, self.proposer, ids, Sampling(), max_new_tokens, self.stop,
+                                           None, stats) for t in step]
+            _sync(self.device)
+            wall = perf_counter() - t0
+        budgets = stats.budgets
+        return Turn(
+            tokens, wall, list(stats.accept_lengths), stats.steps, dict(stats.proposed), dict(stats.accepted),
+            {k: round(v, 4) for k, v in stats.times.items()}, mem.peak,
+            round(sum(budgets) / len(budgets), 2) if budgets else None, stats.draft_forwards,
+            self.target.margins() if isinstance(self.target, MarginTarget) else None,
+        )
+
+
+    def close(self) -> None:
+        self.proposer.close()
+
+
+class _StepCounter:
+    """A generate() streamer that only counts the tokens of each step (the first put is the prompt)."""
+
+    def __init__(self) -> None:
+        self.lengths: list[int] = []
+        self.prompt_seen = False
+
+    def put(self, value) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        self.lengths.append(int(value.numel()))
+
+    def end(self) -> None:
+        pass
+
+
+class PeerRunner:
+    """``model.generate(do_sample=False)`` with extra arguments: prompt lookup or an assistant model."""
+
+    def __init__(self, name: str, model, stop: set[int], device: str, **kwargs) -> None:
+        self.name, self.model, self.stop, self.device, self.kwargs = name, model, stop, device, kwargs
+        self.pad = sorted(stop)[0] if stop else 0
+
+    def run(self, ids: list[int], max_new_tokens: int) -> Turn:
+        import torch
+
+        x = torch.tensor([ids], device=self.device)
+        streamer = _StepCounter()
+        with MemoryPeak(self.device) as mem, torch.inference_mode():
+            t0 = perf_counter()
+            out = self.model.generate(
+                input_ids=x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                temperature=None,
+                top_p=None,
+                top_k=None,
+                eos_token_id=sorted(self.stop) or None,
+                pad_token_id=self.pad,
+                streamer=streamer,
+                **self.kwargs,
+            )
+            _sync(self.device)
+            wall = perf_counter() - t0
+        tokens = out[0, len(ids) :].tolist()
+        for i, t in enumerate(tokens):
+            if t in self.stop:
+                tokens = tokens[: i + 1]
+                break
+        lengths = streamer.lengths
+        # the engine's first token comes from the prefill and is not a verification step; generate's plain loop
+        # streams it as a step of its own, so drop it there for a comparable tau
+        if not self.kwargs and lengths:
+            lengths = lengths[1:]
+        return Turn(tokens, wall, lengths, len(lengths), peak_mem_mb=mem.peak)
+
+    def close(self) -> None:
+        """generate() keeps nothing across runs."""
+
+
+def build_runners(specs, loaded, draft_loaded, options, explicit: bool, warn: Callable[[str], None],
+                  method_opts: dict | None = None, draft_spec: str | None = None):
+    """A runner per method spec; with ``all``, engine methods that cannot be built here (a datastore or a draft
+    model missing) are left out with a warning instead of failing the run."""
+    from graft_cli import methods
+    from graft_cli.loading import stop_ids
+    from graft_cli.target import Target
+
+    stop = stop_ids(loaded)
+    device = loaded.device
+    target = Target(loaded.model)
+    runners, kept = [], []
+    for spec in specs:
+        if spec.kind == "peer":
+            kwargs: dict = {}
+            if spec.method == "hf-pld":
+                kwargs["prompt_lookup_num_tokens"] = HF_PLD_TOKENS
+            elif spec.method == "hf-assisted":
+                if draft_loaded is None:
+                    raise GraftError("hf-assisted needs a draft model: give --draft MODEL")
+                kwargs["assistant_model"] = draft_loaded.model
+            runners.append(PeerRunner(spec.name, loaded.model, stop, device, **kwargs))
+        else:
+            config = method_config(spec, options, draft_loaded.spec if draft_loaded else draft_spec, method_opts)
+            try:
+                proposer = methods.build(config, loaded)
+            except GraftError as e:
+                if explicit or spec.method == "ar":
+                    raise GraftError(f"method {spec.name}: {e}") from e
+                warn(f"skipping {spec.name}: {e}")
+                continue
+            # plain decoding records its margins: what tells a floating-point tie from a real difference
+            runner_target = MarginTarget(loaded.model) if spec.method == "ar" else target
+            runners.append(EngineRunner(spec.name, runner_target, proposer, stop, device))
+        kept.append(spec)
+    return runners, kept
+
+
+class shared_models:
+    """While active, ``graft_cli.loading.load_model`` returns the already loaded model for the same (spec, device,
+    dtype): drafter methods that load their ``--draft`` themselves share the one copy hf-assisted uses, so every
+    model is loaded once however many methods and budgets run. (Drafters do not modify the model: they keep
+    their own caches.)"""
+
+    def __init__(self, *loaded) -> None:
+        self.cache = {}
+        for item in loaded:
+            if item is not None:
+                self.add(item)
+
+    def add(self, item) -> None:
+        dtype = str(next(item.model.parameters()).dtype).replace("torch.", "")
+        for device in (item.device, item.device.split(":")[0], "auto"):
+            for d in (dtype, "auto"):
+                self.cache.setdefault((str(item.spec), device, d), item)
+
+    def __enter__(self) -> shared_models:
+        from graft_cli import loading
+
+        self.original = loading.load_model
+
+        def load_model(spec, device="auto", dtype="auto", device_map=None):
+            if device_map is not None:  # a sharded model is the bench's own target, loaded once
+                return self.original(spec, device, dtype, device_map)
+            key = (str(spec), str(device), str(dtype))
+            if key not in self.cache:
+                item = self.original(spec, device, dtype)
+                self.add(item)
+                self.cache[key] = item
+            return self.cache[key]
+
+        loading.load_model = load_model
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from graft_cli import loading
+
+        loading.load_model = self.original

@@ -17,11 +17,11 @@ from typing import Iterator, List, Optional
 
 import typer
 
+from graft_cli.build_progress import BuildProgress, short_count
+from graft_cli.catalog.entries import DEFAULT_MODEL
 from graft_cli.errors import GraftError
 
 index_app = typer.Typer(no_args_is_help=True, help="Build and manage on-disk token datastores.")
-
-DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 @contextmanager
@@ -61,16 +61,6 @@ def _size(n: Optional[float]) -> str:
     return f"{int(n)} B"
 
 
-def _count(n: int) -> str:
-    if n >= 1e9:
-        return f"{n / 1e9:.2f}B"
-    if n >= 1e6:
-        return f"{n / 1e6:.2f}M"
-    if n >= 1e3:
-        return f"{n / 1e3:.1f}k"
-    return str(n)
-
-
 def _stdout_console():
     from rich.console import Console
 
@@ -78,63 +68,6 @@ def _stdout_console():
     if not console.is_terminal:  # piped: never wrap table rows
         console = Console(width=200)
     return console
-
-
-class _RichProgress:
-    """datastores.store.Progress drawn with Rich on stderr."""
-
-    LABELS = {"files": "files", "tokens": "tokens", "sort": "suffix sort", "index": "n-gram index", "write": "manifest"}
-
-    def __init__(self, enabled: bool) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        self.console = Console(stderr=True)
-        self.enabled = enabled and self.console.is_terminal
-        self.tasks: dict[str, int] = {}
-        self.started: dict[str, float] = {}
-        self.done: dict[str, float] = {}
-        self.progress = Progress(
-            SpinnerColumn(),
-            TextColumn("[bold]{task.description:<13}"),
-            BarColumn(bar_width=24),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]}"),
-            TimeElapsedColumn(),
-            console=self.console,
-            disable=not self.enabled,
-            transient=False,
-        )
-
-    def __enter__(self) -> "_RichProgress":
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.progress.__exit__(*exc)
-
-    def start(self, stage: str, total: float | None = None) -> None:
-        self.started.setdefault(stage, time.perf_counter())
-        if stage not in self.tasks:
-            self.tasks[stage] = self.progress.add_task(self.LABELS.get(stage, stage), total=total, rate="")
-            self.done[stage] = 0
-
-    def advance(self, stage: str, amount: float = 1, total: float | None = None) -> None:
-        if stage not in self.tasks:
-            self.start(stage, total)
-        self.done[stage] += amount
-        dt = time.perf_counter() - self.started[stage]
-        rate = f"{_count(int(self.done[stage] / dt))}/s" if stage == "tokens" and dt > 0 else ""
-        kwargs = {"total": total} if total is not None else {}
-        self.progress.update(self.tasks[stage], advance=amount, rate=rate, **kwargs)
-
-    def finish(self, stage: str) -> None:
-        if stage in self.tasks:
-            n = max(self.done[stage], 1)
-            self.progress.update(self.tasks[stage], total=n, completed=n)
-
-    def note(self, message: str) -> None:
-        self.console.print(f"graft: {message}", markup=False, highlight=False)
 
 
 # --------------------------------------------------------------------------------------------------- build
@@ -202,7 +135,7 @@ def build(
     jobs = jobs if jobs > 0 else (os.cpu_count() or 1)
     from datastores.build import build_store
 
-    with _errors(), _RichProgress(not quiet) as progress:
+    with _errors(), BuildProgress(not quiet) as progress:
         manifest = build_store(
             corpus,
             dest,
@@ -246,7 +179,8 @@ def build(
     typer.echo(
         f"built {kind} store{shard_s} {where}: {c['documents']:,} documents, {c['tokens']:,} tokens from "
         f"{c['files']} files{skipped}; {_size(data_bytes)} ({data_bytes / c['tokens']:.2f} bytes/token); "
-        f"tokenise {b['tokenize_s']:.1f} s, index {b['index_s']:.1f} s ({_count(b['index_tokens_per_s'] or 0)} tokens/s)"
+        f"tokenise {b['tokenize_s']:.1f} s, index {b['index_s']:.1f} s "
+        f"({short_count(b['index_tokens_per_s'] or 0)} tokens/s)"
     )
 
 
@@ -486,7 +420,7 @@ def list_(as_json: bool = typer.Option(False, "--json", help="One JSON array on 
         if "kind" not in r:
             table.add_row(r["name"], "-", "-", "-", "-", "-", "-", r["status"])
         else:
-            table.add_row(r["name"], r["kind"], r["model"], _count(r["tokens"]), _size(r["bytes"]), r["shards"],
+            table.add_row(r["name"], r["kind"], r["model"], short_count(r["tokens"]), _size(r["bytes"]), r["shards"],
                           r["created"][:16].replace("T", " "), r["status"])
     console = _stdout_console()
     console.print(table, markup=False, highlight=False)

@@ -6,13 +6,33 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from time import perf_counter
 from typing import Callable, Protocol, Sequence
 
+import numpy as np
+
 from graft_cli.budget import Calibration, LatencyModel
+from graft_cli.objective import Objective
 from graft_cli.stats import Stats
 from graft_cli.tree import ROOT, Tree
 from plugins.base import Retriever, Step, complete
+
+
+CHECK_FLOOR = 0.1  # a retrieved token less likely than this is not worth a row of the draft's first forward
+CHECK_MAX = 16  # retrieved tokens checked per step at most
+
+
+@dataclass
+class _Pending:
+    """What the step proposed so far cost, until observe() learns what it bought."""
+
+    bucket: int
+    drafted: bool
+    draft_s: float
+    draft_rows: list[int]
+    other_s: float  # retrieval and grafting
+    proposed_at: float  # perf_counter() when the tree left for verification
 
 
 class Drafter(Protocol):
@@ -21,10 +41,14 @@ class Drafter(Protocol):
 
     wants_hidden: bool  # whether observe() needs the target's hidden states (EAGLE heads do)
     levels: int  # tree levels the last draft grew (the trace records them)
+    forward_rows: list[int]  # rows fed by each forward of the last draft (the objective measures their cost)
 
     def start(self, prompt: Sequence[int], prefill: Step) -> None: ...
 
-    def draft(self, context: Sequence[int], budget: int, stats: Stats) -> Tree: ...
+    def draft(self, context: Sequence[int], budget: int, stats: Stats, chain: Sequence[int] = (),
+              objective: Objective | None = None) -> Tree:
+        """At most ``budget`` nodes. With ``objective``: ``chain`` (retrieved tokens) is checked in the first
+        forward, and the objective decides the depth and the nodes kept; without: the fixed depth and pruning."""
 
     def observe(self, step: Step) -> None: ...
 
@@ -51,6 +75,7 @@ class GraftProposer:
         drafter: Drafter | None = None,
         latency: LatencyModel | None = None,
         tail: bool = False,
+        objective: Objective | None = None,
     ) -> None:
         self.budget = budget
         self.retrievers = [complete(r) for r in retrievers]  # a plugin may leave out the optional members
@@ -61,6 +86,8 @@ class GraftProposer:
         self.tail = tail
         self.trace: list[dict] = []
         self.failed: set[str] = set()  # retrievers that raised (warned about once)
+        self.objective = objective  # with a drafter: the cost-aware tree builder (else fixed depth and pruning)
+        self._step: _Pending | None = None
 
     def start(self, prompt: Sequence[int], prefill: Step) -> None:
         self.trace = []
@@ -72,6 +99,8 @@ class GraftProposer:
             self._safely(retriever, "observe", lambda: retriever.observe(prefill))
 
     def propose(self, context: Sequence[int], stats: Stats) -> Tree:
+        if self.objective is not None and self.drafter is not None and self.budget > 0:
+            return self._retrieve_then_draft(context, stats)
         tree = self.drafter.draft(context, self.budget, stats) if self.drafter and self.budget > 0 else Tree()
         drafted = len(tree)
         record = {"draft": drafted, "retrieved": 0, "levels": self.drafter.levels if self.drafter else 0}
@@ -80,13 +109,7 @@ class GraftProposer:
         if room <= 0 or not self.retrievers:
             return tree
         t0 = perf_counter()
-        pool = Tree()
-        for retriever in self.retrievers:
-            found = self.calibration.apply(self._retrieve(retriever, context, room))
-            if not len(pool):  # the calibrated copy is ours: the first one is the pool
-                pool = found
-            else:
-                pool.merge(found)
+        pool = self._retrieved(context, room)
         if self.tail and drafted:
             self._tail(pool, tree, context, room)
         if len(pool):
@@ -95,16 +118,67 @@ class GraftProposer:
         stats.times["retrieve"] += perf_counter() - t0
         return tree
 
-    def _graft(self, tree: Tree, pool: Tree) -> Tree:
+    def _retrieve_then_draft(self, context: Sequence[int], stats: Stats) -> Tree:
+        """The cost-aware step (graft_cli/objective.py): retrieve first, then draft only when the measured
+        rates say it pays, checking the retrieved chain in the drafter's first forward and growing levels only
+        while each is worth its time; the retrieved nodes then fill what the draft left of the budget."""
+        objective, drafter = self.objective, self.drafter
+        t0 = perf_counter()
+        pool = self._retrieved(context, self.budget)
+        t1 = perf_counter()
+        ranked = np.array([pool.nodes[i].score for i in pool.ranked()], dtype=np.float64)
+        bucket = objective.bucket(ranked)
+        tree, drafted = Tree(), objective.should_draft(bucket)
+        if drafted:
+            tree = drafter.draft(context, self.budget, stats, self._chain(pool), objective)
+        t2 = perf_counter()
+        if self.tail and len(tree):
+            self._tail(pool, tree, context, self.budget)
+        kept = len(tree)
+        if len(pool):
+            tree = self._graft(tree, pool, objective.spent(t2 - t1, drafter.forward_rows if drafted else []))
+        stats.times["retrieve"] += t1 - t0 + perf_counter() - t2
+        self.trace.append({"draft": kept, "retrieved": len(tree) - kept, "levels": drafter.levels if drafted else 0})
+        self._step = _Pending(bucket, drafted, t2 - t1, list(drafter.forward_rows) if drafted else [],
+                              t1 - t0 + perf_counter() - t2, perf_counter())
+        return tree
+
+    def _chain(self, pool: Tree) -> list[int]:
+        """The retrieved path worth checking in the draft's first forward: from the root, the best-scored child
+        while its path stays at least ``CHECK_FLOOR`` likely (a row the draft pays for that little is wasted)."""
+        chain, parent = [], ROOT
+        while len(chain) < CHECK_MAX:
+            kids = pool.children(parent)
+            if not kids:
+                break
+            best = max(kids, key=lambda i: pool.nodes[i].score)
+            if pool.nodes[best].score < CHECK_FLOOR:
+                break
+            chain.append(pool.nodes[best].token)
+            parent = best
+        return chain
+
+    def _retrieved(self, context: Sequence[int], room: int) -> Tree:
+        """Every retriever's lookup, calibrated, merged into one pool."""
+        pool = Tree()
+        for retriever in self.retrievers:
+            found = self.calibration.apply(self._retrieve(retriever, context, room))
+            if not len(pool):  # the calibrated copy is ours: the first one is the pool
+                pool = found
+            else:
+                pool.merge(found)
+        return pool
+
+    def _graft(self, tree: Tree, pool: Tree, overhead: float = 0.0) -> Tree:
         """Graft ``pool`` best-first into the free slots, then keep only as many of the new nodes as pay for
-        their verification (expected tokens per second under the latency model)."""
+        their verification (expected tokens per second under the latency model, after ``overhead`` spent)."""
         drafted = len(tree)
         merged = tree.copy()  # the drafter's tree stays the drafter's
         merged.graft(pool, self.budget)
         new = merged.nodes[drafted:]  # added best-first, so every prefix of them is prefix-closed
         if new:
             merged.truncate(drafted + self.latency.best_count(drafted, sum(n.score for n in tree.nodes),
-                                                              [n.score for n in new]))
+                                                              [n.score for n in new], overhead))
         return merged
 
     def _retrieve(self, retriever: Retriever, context: Sequence[int], budget: int) -> Tree:
@@ -149,12 +223,17 @@ class GraftProposer:
                 mapping[j] = pool.add(mapping[node.parent], node.token, node.source, base * node.score, node.raw)
 
     def observe(self, step: Step) -> None:
+        verified_at = perf_counter()
         if self.drafter:
             self.drafter.observe(step)
         for retriever in self.retrievers:
             self._safely(retriever, "observe", lambda: retriever.observe(step))
         accepted = [row - 1 for row in step.kept[1:]]
         self.calibration.observe(step.tree, accepted)
+        if self._step is not None and self.objective is not None:
+            done, self._step = self._step, None
+            self.objective.measured(done.bucket, done.drafted, len(step.accepted), len(step.tree),
+                                    verified_at - done.proposed_at, done.draft_s, done.draft_rows, done.other_s)
         if self.trace:
             self.trace[-1]["accepted"] = Counter(step.tree.nodes[i].source for i in accepted)
 

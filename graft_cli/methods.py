@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from graft_cli.budget import LatencyModel
 from graft_cli.errors import GraftError
 from graft_cli.graft import GraftProposer
+from graft_cli.objective import MAX_LEVELS, Objective
 from graft_cli.prune import DEFAULT as DEFAULT_PRUNE
 from graft_cli.prune import PruneSchedule, default_floor
 from plugins import load_factory
@@ -55,6 +56,7 @@ class MethodConfig:
     chain: bool = False  # draft one path (Graft(TAIL) with graft)
     rope_theta: float | None = None  # EAGLE-3 heads: the RoPE base the head was trained with
     draft_vocab: int | None = None  # draft models: score only the N lowest ids + special tokens (None/0: all)
+    tree: str | None = None  # "cost" (graft's default with a drafter: graft_cli/objective.py) or "fixed"
 
     def __post_init__(self) -> None:
         if not isinstance(self.options, Options):  # a plain dict from a caller: the same keys, reads now counted
@@ -101,6 +103,17 @@ def check(config: MethodConfig) -> None:
         raise GraftError("--chain needs a drafter (--draft)")
     if config.prune_at is not None and method == "dense":
         raise GraftError("--prune-at prunes the draft tree: use --method pruned or graft, not dense")
+    if config.tree not in (None, "cost", "fixed"):
+        raise GraftError(f"--tree must be 'cost' or 'fixed', got '{config.tree}'")
+    if config.tree == "cost" and (method != "graft" or not config.draft):
+        raise GraftError("--tree cost chooses a drafter's tree: it needs --method graft and --draft")
+
+
+def tree_mode(config: MethodConfig) -> str:
+    """graft with a drafter builds its tree by cost unless told otherwise; every other method's is fixed."""
+    if config.tree is not None:
+        return config.tree
+    return "cost" if config.method == "graft" and config.draft else "fixed"
 
 
 def check_datastore(config: MethodConfig) -> None:
@@ -134,13 +147,15 @@ def build(config: MethodConfig, loaded) -> GraftProposer:
     if config.draft:
         from graft_cli.drafters import load_drafter
 
-        depth = config.depth if config.depth is not None else default_depth(device)
+        cost = tree_mode(config) == "cost"
+        depth = config.depth if config.depth is not None else (MAX_LEVELS if cost else default_depth(device))
         top_k = config.draft_top_k if config.draft_top_k is not None else default_draft_top_k(device)
         if depth < 1 or top_k < 1:
             raise GraftError("--depth and --draft-top-k must be at least 1")
         prune = None
-        if method != "dense":
-            prune = PruneSchedule.parse(config.prune_at if config.prune_at is not None else DEFAULT_PRUNE,
+        if method != "dense":  # the cost-aware tree keeps the expansion floor; the objective replaces checkpoints
+            default = "none" if cost else DEFAULT_PRUNE
+            prune = PruneSchedule.parse(config.prune_at if config.prune_at is not None else default,
                                         default_floor(device))
         drafter = load_drafter(config.draft, loaded, depth, top_k, prune, config.chain, config.rope_theta,
                                config.draft_vocab)
@@ -150,6 +165,16 @@ def build(config: MethodConfig, loaded) -> GraftProposer:
     env = RetrieverEnv(
         vocab_size=loaded.model.config.vocab_size, device=device, tokenizer=loaded.tokenizer, options=config.options
     )
-    return GraftProposer(
-        budget, make_retrievers(names, env), drafter=drafter, latency=LatencyModel.default(device), tail=config.chain
-    )
+    latency, objective = LatencyModel.default(device), None
+    if drafter is not None and tree_mode(config) == "cost":
+        from graft_cli.profile import cap, latency_model
+
+        try:
+            latency = latency_model(loaded)  # measured once per model and device, then cached
+        except GraftError:  # a model built in memory has no checksum to file a profile under
+            pass
+        objective = Objective(latency, max_levels=drafter.depth)
+        if config.budget is None:
+            budget = cap(latency)  # the objective sizes every tree; the budget is only its ceiling
+    return GraftProposer(budget, make_retrievers(names, env), drafter=drafter, latency=latency, tail=config.chain,
+                         objective=objective)

@@ -60,7 +60,7 @@ class SyntheticDrafter(TreeDrafter):
             allowed = mask[i].nonzero().flatten().tolist()
             assert allowed[-1] == start + i  # itself, last
             path = tuple(self.rows[r] for r in allowed)
-            assert len(path) == depth  # exactly its ancestors and itself
+            assert len(path) == (int(depth[i]) if torch.is_tensor(depth) else depth)  # its ancestors and itself
             out.append(synthetic_logp(self.context + path, self.peak))
         self.forwards.append(len(tokens))
         return torch.stack(out), None

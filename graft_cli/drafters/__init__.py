@@ -25,6 +25,9 @@ from typing import Any, Sequence
 
 import torch
 
+import numpy as np
+
+from graft_cli.objective import Objective
 from graft_cli.prune import Checkpoint, PruneSchedule
 from graft_cli.stats import Stats
 from graft_cli.tree import ROOT, Tree
@@ -49,6 +52,10 @@ class Pool:
         self.blocks.append((tokens, parents, cum))
         self.earlier, self.size = base, base + tokens.shape[0]
         return base
+
+    def best(self, n: int) -> torch.Tensor:
+        """The ``n`` best cumulative log-probs of the pool, best first (float64, for one read)."""
+        return torch.topk(torch.cat([cum for _, _, cum in self.blocks]).double(), n).values
 
     def arrays(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return tuple(torch.cat(column) for column in zip(*self.blocks))  # type: ignore[return-value]
@@ -76,6 +83,7 @@ class Frontier:
     tokens: torch.Tensor  # target ids
     state: torch.Tensor  # row of the last forward's states each one is fed with
     parent_rows: torch.Tensor  # tree row its parent was fed at (-1: the root)
+    depth: torch.Tensor  # its depth in the tree (1: a child of the root)
 
     def __len__(self) -> int:
         return self.nodes.shape[0]
@@ -97,6 +105,7 @@ class TreeDrafter:
         self.tree_rows = 0  # rows of the last draft's tree block still in the drafter's cache
         self.stopped_at: Checkpoint | None = None  # the checkpoint that stopped the last draft
         self.levels = 0  # levels the last draft grew
+        self.forward_rows: list[int] = []  # rows fed by each forward of the last draft (what it cost)
         self._candidates: Pool | None = None  # the last draft's pool, on the device
         self._pool: Tree | None = None  # ... as a Tree, read back only when asked for
         self._fed_children: dict[tuple[int, int], int] = {}  # (parent, token) -> fed pool node
@@ -107,8 +116,10 @@ class TreeDrafter:
         log-probabilities ``[V']`` and the state its children are fed with (or None)."""
         raise NotImplementedError
 
-    def _grow(self, tokens: torch.Tensor, states: Any, depth: int, mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """Feed one level of ``F`` tree nodes (``tokens``: target ids, all at ``depth``, 1 = the root's children;
+    def _grow(self, tokens: torch.Tensor, states: Any, depth: int | torch.Tensor,
+              mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Feed one level of ``F`` tree nodes (``tokens``: target ids at ``depth``, one for all or one per
+        node, 1 = the root's children;
         ``states``: their parents' output rows); ``mask`` ``[F, tree_rows + F]`` says which tree rows of the cache each may see.
         Return their log-probabilities ``[F, V']`` and per-row states."""
         raise NotImplementedError
@@ -116,6 +127,25 @@ class TreeDrafter:
     def _to_target(self, ids: torch.Tensor) -> torch.Tensor:
         """Draft vocabulary ids to target ids (identity unless the drafter has its own vocabulary)."""
         return ids
+
+    def _from_target(self, ids: torch.Tensor) -> torch.Tensor:
+        """Target ids to draft vocabulary ids, -1 for a token outside the drafter's vocabulary."""
+        return ids
+
+    def _root_and_chain(self, context: Sequence[int], chain: list[int]) -> tuple[torch.Tensor, Any]:
+        """The root's forward, then ``chain`` (a retrieved continuation) as one causal block of tree rows 0..n-1.
+        Returns log-probabilities ``[1 + n, V']`` (the root's, then after each chain token) and the output
+        states. Each chain row is fed the root's state: the chain's own states do not exist before this
+        forward, so for a drafter that reads them (EAGLE) the chain's scores are estimates (the output is
+        unaffected: the target verifies). A drafter that reads the context causally does both in one forward."""
+        logp, states = self._root(context)
+        n, device = len(chain), logp.device
+        tokens = torch.tensor(chain, dtype=torch.long, device=device)
+        mask = torch.ones((n, n), dtype=torch.bool, device=device).tril()
+        depths = torch.arange(1, n + 1, device=device)
+        grown, grown_states = self._grow(tokens, _gather(states, torch.zeros_like(depths)), depths, mask)
+        self.forward_rows += [1, n]
+        return torch.cat([logp[None], grown]), None if states is None else torch.cat([states, grown_states])
 
     def _drop_tree(self, keep_rows: list[int]) -> None:
         """Remove the tree block from the cache, keeping ``keep_rows`` of it (accepted, in order) as context."""
@@ -144,48 +174,62 @@ class TreeDrafter:
         return self._pool
 
     @torch.inference_mode()
-    def draft(self, context: Sequence[int], budget: int, stats: Stats) -> Tree:
+    def draft(self, context: Sequence[int], budget: int, stats: Stats, chain: Sequence[int] = (),
+              objective: Objective | None = None) -> Tree:
         clock = perf_counter()
         if self.tree_rows:  # observe() was not called after the last draft
             self._drop_tree([])
         self._forget()
-        self.stopped_at, self.levels = None, 0
+        self.stopped_at, self.levels, self.forward_rows = None, 0, []
         if budget <= 0:
             return Tree()
-        logp, state_rows = self._root(context)
-        stats.draft_forwards += 1
         pool = self._candidates = Pool()
-        frontier = self._children(pool, None, logp)
+        frontier, state_rows, fed = self._first_level(pool, context, list(chain))
+        cap = self.depth if objective is None else objective.max_levels
         # row r: the tree rows that the node fed at row r sees (its ancestors and itself); the extra last row,
         # index -1, stays empty: the root's, so the root's children look it up like every other node
-        rows = (self.depth - 1) * self.top_k
-        ancestors = torch.zeros((rows + 1, rows), dtype=torch.bool, device=logp.device)
-        fed: list[torch.Tensor] = []  # pool indices fed, level by level
-        frontier_cum, settled = [], False  # the host's copy of frontier.cum, at the levels that read it
+        rows = self.tree_rows + (cap - 1) * self.top_k
+        ancestors = torch.zeros((rows + 1, rows), dtype=torch.bool, device=frontier.cum.device)
+        ancestors[: self.tree_rows, : self.tree_rows] = torch.ones_like(ancestors[: self.tree_rows, : self.tree_rows]).tril()
+        frontier_cum, settled, best_before = [], False, None  # host copies, at the levels that read them
         self.levels, keep = 1, budget
         while True:
-            level, deeper = self.levels - 1, self.levels < self.depth
+            level, deeper = self.levels - 1, self.levels < cap
             chain_threshold = self.prune.chain_threshold(level) if self.chain and self.prune is not None else 0.0
-            point = self.prune.at(level) if self.prune is not None and not self.chain else None
+            point = self.prune.at(level) if self.prune is not None and not self.chain and objective is None else None
             floor = self.prune.floor if deeper and self.prune is not None and not self.chain else 0.0
             # only nodes of earlier levels can outscore the newest level's best, so a smaller pool cannot settle
-            may_settle = deeper and pool.earlier >= keep
-            if chain_threshold > 0 or point is not None or floor > 0 or may_settle:  # this level's one read
-                read = frontier.cum.double()
+            may_settle = deeper and pool.earlier >= keep and objective is None
+            ranked = min(budget, pool.size) if objective is not None else 0
+            if chain_threshold > 0 or point is not None or floor > 0 or may_settle or ranked:  # this level's read
+                read = [frontier.cum.double()]
                 if may_settle:
-                    read = torch.cat([read, pool.settled(keep, frontier.cum[0]).double()[None]])
-                host = read.tolist()
-                frontier_cum, settled = host[: len(frontier)], may_settle and host[-1] > 0
+                    read.append(pool.settled(keep, frontier.cum[0]).double()[None])
+                if ranked:
+                    read.append(pool.best(ranked))
+                host = torch.cat(read).tolist()
+                frontier_cum, settled = host[: len(frontier)], may_settle and host[len(frontier)] > 0
             if chain_threshold > 0 and _prob(frontier_cum[0]) < chain_threshold:
                 keep = min(keep, pool.size - 1)  # keep the confident prefix: the newest node goes
                 break
             if point is not None and self.prune.stops(level, max(frontier_cum)) is not None:
                 self.stopped_at, keep = point, self.prune.keep(point, budget)
                 break
-            if not deeper:
-                break
             if floor > 0:  # not worth a draft row; the frontier is sorted, so the worthy nodes lead
                 frontier = frontier.head(sum(1 for c in frontier_cum if c >= math.log(floor)))
+                frontier_cum = frontier_cum[: len(frontier)]
+            if objective is not None:  # expected tokens per second decide the depth, and the nodes kept
+                scores = np.exp(np.array(host[len(host) - ranked :]))
+                if best_before is not None and frontier_cum:
+                    objective.observe_confidence(best_before, frontier_cum[0])
+                best_before = frontier_cum[0] if frontier_cum else None
+                spent = objective.spent(perf_counter() - clock, self.forward_rows)
+                plan = objective.best(scores, spent)
+                keep = plan.count
+                if not deeper or not objective.extend(np.exp(np.array(frontier_cum)), plan, spent):
+                    break
+            elif not deeper:
+                break
             if not len(frontier):
                 break
             if may_settle and settled:  # no deeper node could make the cut: stop for free
@@ -195,14 +239,48 @@ class TreeDrafter:
             mask = ancestors[frontier.parent_rows, :end]
             mask[:, start:].fill_diagonal_(True)
             ancestors[start:end, :end] = mask
-            logp, state_rows = self._grow(frontier.tokens, _gather(state_rows, frontier.state), self.levels, mask)
-            stats.draft_forwards += 1
+            logp, state_rows = self._grow(frontier.tokens, _gather(state_rows, frontier.state), frontier.depth, mask)
+            self.forward_rows.append(len(frontier))
             self.tree_rows, self.levels = end, self.levels + 1
             fed.append(frontier.nodes)
             frontier = self._children(pool, frontier, logp, start)
         tree = self._finish(pool, fed, keep)
+        stats.draft_forwards += len(self.forward_rows)
         stats.times["draft"] += perf_counter() - clock
         return tree
+
+    def _first_level(self, pool: Pool, context: Sequence[int], chain: list[int]) -> tuple[Frontier, Any, list]:
+        """The root's forward (with ``chain`` checked in it): the pool's first nodes, the first frontier, the
+        output states its nodes are fed with, and the pool nodes fed so far (the chain's).
+
+        A checked chain joins the pool as the drafter's own path, scored with the drafter's probabilities; its
+        nodes were fed, so their children are candidates like any other: the drafter's alternatives where it
+        disagrees with the chain and its continuation past the chain's end. Neither the root's children nor a
+        chain node's include the chain's own next token (it is already there)."""
+        if not chain:
+            logp, state_rows = self._root(context)
+            self.forward_rows.append(1)
+            return self._children(pool, None, logp), state_rows, []
+        logp, state_rows = self._root_and_chain(context, chain)
+        device = logp.device
+        tokens = torch.tensor(chain, dtype=torch.long, device=device)
+        ids = self._from_target(tokens)  # draft ids; -1: a token the drafter cannot say
+        n = len(chain)
+        own = logp[:n].float().gather(1, ids.clamp(min=0)[:, None])[:, 0]
+        cum = torch.cumsum(torch.where(ids >= 0, own, torch.full_like(own, -math.inf)), 0)
+        nodes = torch.arange(n, device=device)
+        pool.add(tokens, nodes - 1, cum)  # pool indices 0..n-1; node 0's parent is ROOT (-1)
+        self.tree_rows = n
+        others = logp.float().clone()
+        rows = torch.arange(n, device=device)
+        others[rows, ids.clamp(min=0)] = torch.where(ids >= 0, torch.full_like(own, -math.inf), others[rows, ids.clamp(min=0)])
+        first = self._children(pool, None, others[0])
+        along = Frontier(nodes, cum, tokens, nodes + 1, nodes, nodes + 1)
+        after = self._children(pool, along, others[1:], 0)
+        after.state = after.state + 1  # chain row i's output state is row i + 1 of the forward (the root's is 0)
+        merged = Frontier(*(torch.cat([getattr(first, f.name), getattr(after, f.name)]) for f in fields(Frontier)))
+        best = torch.topk(merged.cum, min(self.top_k, len(merged))).indices
+        return Frontier(*(getattr(merged, f.name)[best] for f in fields(Frontier))), state_rows, [nodes]
 
     def _children(self, pool: Pool, parents: Frontier | None, logp: torch.Tensor, start: int = 0) -> Frontier:
         """Add each parent's ``top_k`` children (the root's, without ``parents``) to the pool; the best
@@ -211,14 +289,15 @@ class TreeDrafter:
         tokens = self._to_target(ids).flatten()
         if parents is None:
             first = torch.arange(values.shape[0], device=values.device)
-            pool.add(tokens, torch.full_like(first, ROOT), values)
-            return Frontier(first, values, tokens, torch.zeros_like(first), torch.full_like(first, -1))
+            base = pool.add(tokens, torch.full_like(first, ROOT), values)
+            return Frontier(base + first, values, tokens, torch.zeros_like(first), torch.full_like(first, -1),
+                            torch.ones_like(first))
         per = values.shape[1]
         cum = (parents.cum[:, None] + values).flatten()
         base = pool.add(tokens, parents.nodes.repeat_interleave(per), cum)
         best_cum, best = torch.topk(cum, min(self.top_k, cum.shape[0]))
-        state = best // per
-        return Frontier(base + best, best_cum, tokens[best], state, start + state)
+        which = best // per
+        return Frontier(base + best, best_cum, tokens[best], which, start + which, parents.depth[which] + 1)
 
     def _finish(self, pool: Pool, fed: list[torch.Tensor], keep: int) -> Tree:
         """The selected tree, and the fed nodes' (pool index, parent, token): the draft's last read."""
@@ -256,6 +335,13 @@ class TreeDrafter:
 
 def _prob(logp: float) -> float:
     return math.exp(logp)
+
+
+def positions(base: int, depth: int | torch.Tensor, n: int, device: torch.device) -> torch.Tensor:
+    """Position ids of ``n`` tree nodes at ``depth`` (one for all, or a tensor of one per node) below ``base``."""
+    if isinstance(depth, torch.Tensor):
+        return base + depth
+    return torch.full((n,), base + depth, dtype=torch.long, device=device)
 
 
 def _gather(rows: Any, index: torch.Tensor) -> Any:

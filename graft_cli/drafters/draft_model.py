@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import torch
 from torch.nn import functional as F
 
-from graft_cli.drafters import TreeDrafter
+from graft_cli.drafters import TreeDrafter, positions
 from graft_cli.errors import GraftError
 from graft_cli.prune import PruneSchedule
 from graft_cli.target import Target
@@ -65,9 +65,10 @@ class DraftCache(Target):
 
     @torch.inference_mode()
     def feed(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None,
-             tree_rows: int, last_only: bool = False) -> torch.Tensor:
-        """Feed ``tokens`` at ``positions``; without ``tree_mask`` they are causal context (no tree rows may be
-        cached), with it row i sees the context and the tree rows ``tree_mask[i]`` allows. Returns logits."""
+             tree_rows: int, last: int = 0) -> torch.Tensor:
+        """Feed ``tokens`` at ``positions``; without ``tree_mask`` they are causal (no tree rows may be cached
+        before them), with it row i sees the context and the tree rows ``tree_mask[i]`` allows. Returns the
+        logits of every row, or of the ``last`` rows."""
         past = self.length
         mask = None
         if tree_mask is not None:
@@ -79,10 +80,10 @@ class DraftCache(Target):
         inputs = dict(input_ids=tokens.to(self.device)[None], position_ids=positions.to(self.device)[None],
                       attention_mask=mask, cache=self.cache, use_cache=True)
         if self.head is None:
-            logits = self.model(**inputs, logits_to_keep=1 if last_only else 0).logits[0]
+            logits = self.model(**inputs, logits_to_keep=last).logits[0]
         else:
             hidden = self.model.get_decoder()(**inputs).last_hidden_state[0]
-            logits = F.linear(hidden[-1:] if last_only else hidden, *self.head)
+            logits = F.linear(hidden[-last:] if last else hidden, *self.head)
         self.length = past + tokens.shape[0]
         return logits
 
@@ -94,6 +95,10 @@ class DraftModelDrafter(TreeDrafter):
         self.cache = DraftCache(model, vocab)
         self.vocab = None if vocab is None else vocab.to(self.cache.device)  # target id of each logit column
         self.vocab_size = vocab_size if vocab is None else len(vocab)  # draft logits past it are never proposed
+        self.column = None  # the logit column of each target id (-1: not scored), with a reduced vocabulary
+        if self.vocab is not None:
+            self.column = torch.full((vocab_size,), -1, dtype=torch.long, device=self.cache.device)
+            self.column[self.vocab] = torch.arange(len(self.vocab), device=self.cache.device)
         self.root_position = 0
 
     def start(self, prompt: Sequence[int], prefill: Step) -> None:
@@ -106,20 +111,33 @@ class DraftModelDrafter(TreeDrafter):
     def _to_target(self, ids: torch.Tensor) -> torch.Tensor:
         return ids if self.vocab is None else self.vocab[ids]
 
+    def _from_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids if self.column is None else self.column[ids]
+
     def _root(self, context: Sequence[int]) -> tuple[torch.Tensor, Any]:
+        return self._feed(context, [])[0], None
+
+    def _root_and_chain(self, context: Sequence[int], chain: list[int]) -> tuple[torch.Tensor, Any]:
+        """One causal forward of what the cache has not seen of ``context`` followed by ``chain``: the chain's
+        rows are the first tree rows, with exactly the keys and values a causal pass gives them."""
+        self.forward_rows.append(len(context) - self.cache.length + len(chain))
+        return self._feed(context, chain), None
+
+    def _feed(self, context: Sequence[int], chain: list[int]) -> torch.Tensor:
         done = self.cache.length
         if done >= len(context):  # the root is already cached (cannot happen in the loop: the bonus token is new)
             raise RuntimeError("draft cache is ahead of the context")
         device = self.cache.device
-        pending = torch.tensor(list(context[done:]), dtype=torch.long, device=device)
-        positions = torch.arange(done, len(context), device=device)
-        logits = self.cache.feed(pending, positions, None, 0, last_only=True)
+        pending = torch.tensor([*context[done:], *chain], dtype=torch.long, device=device)
+        at = torch.arange(done, len(context) + len(chain), device=device)
+        logits = self.cache.feed(pending, at, None, 0, last=len(chain) + 1)
         self.root_position = len(context) - 1
-        return self._logp(logits[-1]), None
+        return self._logp(logits)
 
-    def _grow(self, tokens: torch.Tensor, states: Any, depth: int, mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        positions = torch.full((tokens.shape[0],), self.root_position + depth, dtype=torch.long, device=tokens.device)
-        logits = self.cache.feed(tokens, positions, mask, self.tree_rows)
+    def _grow(self, tokens: torch.Tensor, states: Any, depth: int | torch.Tensor,
+              mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        at = positions(self.root_position, depth, tokens.shape[0], tokens.device)
+        logits = self.cache.feed(tokens, at, mask, self.tree_rows)
         return self._logp(logits), None
 
     def _drop_tree(self, keep_rows: list[int]) -> None:

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from graft_cli.drafters import TreeDrafter
+from graft_cli.drafters import TreeDrafter, positions
 from graft_cli.errors import GraftError
 from graft_cli.prune import PruneSchedule
 from plugins.base import Step
@@ -134,6 +134,7 @@ class Eagle3Head:
 
     def __init__(self, cfg: HeadConfig, weights: dict[str, torch.Tensor], embed: torch.Tensor, d2t: torch.Tensor) -> None:
         self.cfg, self.w, self.embed, self.d2t = cfg, weights, embed, d2t
+        self.t2d: torch.Tensor | None = None
         device = embed.device
         self.inv_freq = rope_frequencies(cfg, device)
         self.act = ACTIVATIONS[cfg.act]
@@ -210,6 +211,14 @@ class Eagle3Head:
 
     def to_target(self, ids: torch.Tensor) -> torch.Tensor:
         return ids + self.d2t[ids]
+
+    def from_target(self, ids: torch.Tensor) -> torch.Tensor:
+        """Target ids to draft ids, -1 for one outside the draft vocabulary (the table is built on first use)."""
+        if self.t2d is None:
+            drafted = torch.arange(self.d2t.shape[0], device=self.d2t.device)
+            self.t2d = torch.full((self.embed.shape[0],), -1, dtype=torch.long, device=self.d2t.device)
+            self.t2d[drafted + self.d2t] = drafted
+        return self.t2d[ids]
 
 
 def load_head(path: str, target: torch.nn.Module, rope_theta: float | None = None) -> Eagle3Head:
@@ -368,12 +377,16 @@ class Eagle3Drafter(TreeDrafter):
         self.next_position = past + n  # where the root's children sit
         return head.logp(out[-1]), out[-1:]
 
-    def _grow(self, tokens: torch.Tensor, states: Any, depth: int, mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def _grow(self, tokens: torch.Tensor, states: Any, depth: int | torch.Tensor,
+              mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
         n = tokens.shape[0]
-        positions = torch.full((n,), self.next_position + depth - 1, dtype=torch.long, device=mask.device)
+        at = positions(self.next_position - 1, depth, n, mask.device)
         allowed = torch.cat([torch.ones((n, self.committed), dtype=torch.bool, device=mask.device), mask], dim=1)
-        out = self.head.forward(tokens, states, positions, allowed)
+        out = self.head.forward(tokens, states, at, allowed)
         return self.head.logp(out), out
 
     def _to_target(self, ids: torch.Tensor) -> torch.Tensor:
         return self.head.to_target(ids)
+
+    def _from_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head.from_target(ids)

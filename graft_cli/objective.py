@@ -1,0 +1,134 @@
+"""What a step's tree is chosen by: expected accepted tokens per second of the whole step, drafting included.
+
+A step costs its draft forwards plus one verification; it buys the expected number of accepted tokens, which is
+1 (the bonus token) plus the sum of the kept nodes' scores (each node's score estimates the probability that the
+target accepts its whole path). Every choice of the tree builder is this one ratio:
+
+- **whether to draft at all**: retrieved chains cost nothing to propose. A step whose retrieval is confident may be
+  faster without the drafter; the choice is made from the rates that drafting and not drafting have really reached
+  at a similar retrieval confidence (a small contextual bandit over measured step times);
+- **how deep and how wide**: another draft level is grown only while what it is expected to add (its frontier's
+  path probabilities times the drafter's usual confidence in its best child) per second of its forward and of
+  verifying its nodes beats the rate the step already has. There is no fixed depth cap short of ``max_levels``;
+- **how many nodes to verify**: the count with the best rate over the measured verification latency.
+
+Costs are measured while generating: the verification time of each step against the latency curve (the curve's
+shape, and its scale in seconds on this device now), and the draft forwards' time by rows fed. Before the first
+measurement a draft forward is assumed to cost ``DRAFT_PRIOR`` of a one-token target forward.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from graft_cli.budget import LatencyModel
+
+DRAFT_PRIOR = 0.35  # a draft forward against a one-token target forward, until measured (Qwen 0.5B / 1.5B: 0.33)
+CONFIDENCE_PRIOR = 0.8  # the drafter's conditional probability of its best child, until measured
+MEMORY = 0.3  # weight of the newest measurement in every running estimate
+EXPLORE = 8  # a mode that loses in a bucket is still tried every this many visits (conditions change)
+MAX_LEVELS = 24  # draft forwards per step at most, unless --depth says otherwise
+BUCKETS = 8  # retrieval confidence buckets: expected accepted tokens 1, 2, ..., 8 and more
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else (1 - MEMORY) * old + MEMORY * new
+
+
+@dataclass
+class Plan:
+    """The best verification set found so far: how many of the ranked nodes, at what rate (tokens per unit)."""
+
+    count: int
+    rate: float
+
+
+@dataclass
+class Objective:
+    """Running costs and the decisions they make. Units: the latency curve's (seconds for a measured profile,
+    one-token forwards for a device default); ``unit`` converts measured seconds into them."""
+
+    latency: LatencyModel
+    max_levels: int = MAX_LEVELS  # draft forwards per step at most (depth follows confidence up to here)
+    unit: float | None = None  # seconds per latency unit, measured
+    draft_unit: float | None = None  # seconds of a one-row draft forward, measured
+    confidence: float = CONFIDENCE_PRIOR
+    rates: dict = field(default_factory=dict)  # (bucket, drafted) -> measured tokens per latency unit
+    visits: dict = field(default_factory=dict)  # (bucket, drafted) -> steps since that mode last ran there
+
+    # --- costs --------------------------------------------------------------------------------------------------
+    def verify_cost(self, nodes: int) -> float:
+        return self.latency(nodes + 1)
+
+    def draft_cost(self, rows: int) -> float:
+        """One draft forward of ``rows`` rows, in latency units (the target curve's shape, the draft's scale)."""
+        one = DRAFT_PRIOR * self.latency(1)
+        if self.unit and self.draft_unit:
+            one = self.draft_unit / self.unit
+        return one * self.latency(rows) / self.latency(1)
+
+    def spent(self, seconds: float, rows: Sequence[int]) -> float:
+        """What drafting has cost so far: measured ``seconds`` once the unit is known, else the prior per row."""
+        if self.unit:
+            return seconds / self.unit
+        return sum(self.draft_cost(r) for r in rows)
+
+    # --- decisions ----------------------------------------------------------------------------------------------
+    def best(self, scores: np.ndarray, spent: float) -> Plan:
+        """How many of ``scores`` (best first) to verify after ``spent`` units of drafting, and the rate."""
+        count = self.latency.best_count(0, 0.0, scores, overhead=spent)
+        gain = 1.0 + float(np.sum(scores[:count]))
+        return Plan(count, gain / (spent + self.verify_cost(count)))
+
+    def extend(self, frontier: np.ndarray, plan: Plan, spent: float) -> bool:
+        """Whether one more draft level over ``frontier`` (its path probabilities) raises the step's rate."""
+        if not len(frontier):
+            return False
+        gain = self.confidence * float(np.sum(frontier))
+        cost = self.draft_cost(len(frontier)) + self.verify_cost(plan.count + len(frontier)) - self.verify_cost(plan.count)
+        base = plan.rate * (spent + self.verify_cost(plan.count))
+        return (base + gain) / (spent + self.verify_cost(plan.count) + cost) > plan.rate
+
+    def bucket(self, retrieved: np.ndarray) -> int:
+        """Retrieval's confidence this step: the expected accepted tokens of its own best tree, rounded."""
+        plan = self.best(retrieved, 0.0)
+        return min(BUCKETS, int(round(1.0 + float(np.sum(retrieved[: plan.count])))))
+
+    def should_draft(self, bucket: int) -> bool:
+        """Draft unless not drafting has measured faster at this retrieval confidence (each mode is tried
+        first while unmeasured, and the losing one again every ``EXPLORE`` visits)."""
+        drafted, skipped = self.rates.get((bucket, True)), self.rates.get((bucket, False))
+        if drafted is None:
+            return True
+        if skipped is None:
+            return False
+        winner = drafted >= skipped
+        if self.visits.get((bucket, not winner), 0) >= EXPLORE:
+            return not winner
+        return winner
+
+    # --- measurements -------------------------------------------------------------------------------------------
+    def measured(self, bucket: int, drafted: bool, tokens: int, nodes: int, verify_s: float, draft_s: float,
+                 draft_rows: Sequence[int], other_s: float) -> None:
+        """One step's outcome: ``tokens`` accepted from a ``nodes``-node tree verified in ``verify_s`` seconds,
+        after ``draft_s`` seconds of draft forwards of ``draft_rows`` rows and ``other_s`` of retrieval."""
+        if verify_s > 0:
+            self.unit = _ema(self.unit, verify_s / self.verify_cost(nodes))
+        if draft_rows and draft_s > 0:
+            shape = sum(self.latency(r) for r in draft_rows) / self.latency(1)
+            self.draft_unit = _ema(self.draft_unit, draft_s / shape)
+        seconds = verify_s + draft_s + other_s
+        if self.unit and seconds > 0:
+            key = (bucket, drafted)
+            self.rates[key] = _ema(self.rates.get(key), tokens / (seconds / self.unit))
+            self.visits[key] = 0
+            self.visits[(bucket, not drafted)] = self.visits.get((bucket, not drafted), 0) + 1
+
+    def observe_confidence(self, parent_logp: float, child_logp: float) -> None:
+        """The drafter's best child against its best parent one level up (log path probabilities)."""
+        if math.isfinite(parent_logp) and math.isfinite(child_logp):
+            self.confidence = _ema(self.confidence, min(1.0, math.exp(child_logp - parent_logp)))

@@ -1,0 +1,193 @@
+"""The cost-aware tree builder (graft_cli/objective.py): its decisions on known numbers, the retrieved chain
+checked in the draft's first forward (exact keys and values for a draft model), and lossless generation with
+draft models and EAGLE-3 heads, greedy and sampled."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from graft_cli import methods
+from graft_cli.budget import LatencyModel
+from graft_cli.drafters.draft_model import DraftModelDrafter
+from graft_cli.drafters.eagle3 import Eagle3Drafter, load_head
+from graft_cli.engine import decode
+from graft_cli.errors import GraftError
+from graft_cli.graft import GraftProposer
+from graft_cli.methods import MethodConfig
+from graft_cli.objective import EXPLORE, Objective
+from graft_cli.prune import PruneSchedule
+from graft_cli.sampling import Sampling
+from graft_cli.stats import Stats
+from graft_cli.target import Target
+from plugins.adjacency import AdjacencyRetriever
+from plugins.prompt_lookup import PromptLookup
+from tests.test_drafters import similar_draft, tiny_loaded
+from tests.test_eagle3 import target_model, write_head
+from tests.tiny import VOCAB, tiny_model
+
+FLAT = LatencyModel({1: 1.0, 8: 1.0, 16: 1.5, 32: 3.0})
+
+
+def run(model, proposer, prompt, n, stats=None, sampling=Sampling(), seed=0):
+    return [t for s in decode(Target(model), proposer, prompt, sampling, n, set(), seed, stats) for t in s]
+
+
+def cost_proposer(drafter, budget=16, retrievers=None):
+    retrievers = [PromptLookup(), AdjacencyRetriever(VOCAB)] if retrievers is None else retrievers
+    return GraftProposer(budget, retrievers, drafter=drafter, latency=FLAT, objective=Objective(FLAT))
+
+
+# --- decisions on known numbers ---------------------------------------------------------------------------------
+def test_the_best_count_and_the_next_level():
+    objective = Objective(FLAT)
+    plan = objective.best(np.array([0.9, 0.8, 0.7, 0.01]), 0.0)
+    assert plan.count == 4 and plan.rate == pytest.approx(3.41)  # verification is flat up to 8 tokens here
+    # at 3.41 tokens a unit, a level costing 0.35 units must add 1.2 tokens: 0.8 x (0.7 + 0.2) is too little
+    assert not objective.extend(np.array([0.7, 0.2]), plan, 0.0)
+    assert objective.extend(np.array([1.0, 1.0]), plan, 0.0)
+    weak = objective.best(np.array([0.5]), 0.0)  # 1.5 tokens a unit: the same level now pays
+    assert objective.extend(np.array([0.7, 0.2]), weak, 0.0)
+    assert not objective.extend(np.array([0.05]), weak, 0.0)  # an unlikely one does not
+    assert not objective.extend(np.array([]), weak, 0.0)
+    objective.confidence = 0.0  # a drafter that is never right is never worth a level
+    assert not objective.extend(np.array([1.0, 1.0]), weak, 0.0)
+
+
+def test_costs_come_from_measurements():
+    objective = Objective(FLAT)
+    assert objective.draft_cost(1) == pytest.approx(0.35)  # the prior, in one-token forwards
+    objective.measured(2, True, 5, 7, verify_s=0.2, draft_s=0.3, draft_rows=[1, 1, 1], other_s=0.0)
+    assert objective.unit == pytest.approx(0.2)  # seconds per curve unit (8 tokens cost 1.0)
+    assert objective.draft_cost(1) == pytest.approx(0.5)  # 0.1 s a forward = half a verification
+    assert objective.spent(0.4, [1]) == pytest.approx(2.0)
+    assert objective.rates[(2, True)] == pytest.approx(5 / 2.5)
+
+
+def test_the_bandit_tries_both_modes_then_keeps_the_faster_but_still_looks():
+    objective = Objective(FLAT)
+    assert objective.should_draft(3)  # nothing measured: draft
+    objective.measured(3, True, 4, 8, 0.1, 0.3, [1], 0.0)  # drafting: 4 tokens in 0.4 s
+    assert not objective.should_draft(3)  # not drafting is unmeasured: try it
+    objective.measured(3, False, 3, 8, 0.1, 0.0, [], 0.0)  # 3 tokens in 0.1 s: faster
+    assert not objective.should_draft(3)
+    for _ in range(EXPLORE):
+        objective.measured(3, False, 3, 8, 0.1, 0.0, [], 0.0)
+    assert objective.should_draft(3)  # the loser is looked at again
+    assert objective.should_draft(7)  # another confidence bucket knows nothing yet
+
+
+def test_retrieval_confidence_buckets():
+    objective = Objective(FLAT)
+    assert objective.bucket(np.array([])) == 1
+    assert objective.bucket(np.array([0.9, 0.9, 0.9])) == 4
+    assert objective.bucket(np.ones(30)) == 8
+
+
+# --- the checked chain ------------------------------------------------------------------------------------------
+def test_a_checked_chain_has_exact_draft_probabilities_and_kv():
+    """Root and chain in one forward of the draft model: the same log-probs as a fresh forward over
+    context + chain, and the chain rows are the first tree rows."""
+    _, draft = similar_draft("llama", 4)
+    drafter = DraftModelDrafter(draft, VOCAB, depth=4, top_k=2)
+    context, chain = list(range(10, 22)), [5, 9, 33]
+    drafter.cache.prefill(context[:8])
+    logp, _ = drafter._root_and_chain(context, chain)
+    with torch.no_grad():
+        fresh = torch.log_softmax(draft(torch.tensor([context + chain])).logits[0, len(context) - 1 :], dim=-1)
+    torch.testing.assert_close(logp, fresh, atol=1e-4, rtol=1e-4)
+    assert drafter.forward_rows == [4 + 3]
+
+
+def test_the_chain_joins_the_pool_with_the_drafters_scores():
+    _, draft = similar_draft("llama", 5)
+    drafter = DraftModelDrafter(draft, VOCAB, depth=4, top_k=2, prune=PruneSchedule((), 0.0))
+    context = list(range(30, 45))
+    drafter.start(context[:-1], None)
+    tree = drafter.draft(context, 12, Stats(), chain=[7, 8], objective=Objective(FLAT))
+    pool = drafter.pool
+    assert [(n.token, n.parent) for n in pool.nodes[:2]] == [(7, -1), (8, 0)]
+    with torch.no_grad():
+        fresh = torch.log_softmax(draft(torch.tensor([context + [7]])).logits[0, -2:], dim=-1)
+    assert pool.nodes[0].score == pytest.approx(fresh[0, 7].exp().item(), rel=1e-4)
+    assert pool.nodes[1].score == pytest.approx((fresh[0, 7] + fresh[1, 8]).exp().item(), rel=1e-4)
+    root_kids = [pool.nodes[i].token for i in pool.children(-1)]
+    assert root_kids.count(7) == 1  # the root's own children leave out the chain's token
+    assert set(drafter.fed) >= {0, 1} and drafter.fed[0] == 0 and drafter.fed[1] == 1
+    assert len(tree) <= 12
+
+
+# --- lossless ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_cost_aware_graft_is_lossless_with_a_draft_model(kind):
+    checked = 0
+    for seed in range(3):
+        target, draft = similar_draft(kind, seed)
+        prompt = np.random.default_rng(seed).integers(0, VOCAB, 12).tolist()
+        prompt = prompt + prompt[:8]  # something for prompt lookup to find, so chains are checked
+        truth = run(target, GraftProposer(0), prompt, 48)
+        drafter = DraftModelDrafter(draft, VOCAB, depth=24, top_k=2, prune=PruneSchedule((), 0.1))
+        seen = []
+        inner = drafter._root_and_chain
+        drafter._root_and_chain = lambda c, chain, _i=inner: (seen.append(len(chain)), _i(c, chain))[1]
+        stats = Stats()
+        assert run(target, cost_proposer(drafter), prompt, 48, stats) == truth
+        checked += len(seen)
+    assert checked > 0  # retrieved chains really were checked
+
+
+def test_cost_aware_graft_samples_the_same_text_as_plain_sampling():
+    target, draft = similar_draft("llama", 2)
+    prompt = list(range(40, 52)) * 2
+    sampling = Sampling(temperature=0.8, top_k=20)
+    for seed in (1, 2):
+        truth = run(target, GraftProposer(0), prompt, 40, sampling=sampling, seed=seed)
+        drafter = DraftModelDrafter(draft, VOCAB, depth=24, top_k=2, prune=PruneSchedule((), 0.1))
+        assert run(target, cost_proposer(drafter), prompt, 40, sampling=sampling, seed=seed) == truth
+
+
+def test_cost_aware_graft_is_lossless_with_an_eagle3_head(tmp_path):
+    target = target_model()
+    head = load_head(str(write_head(tmp_path / "h", target)), target)
+    prompt = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4]
+    truth = run(target, GraftProposer(0), prompt, 40)
+    drafter = Eagle3Drafter(head, target, depth=24, top_k=2, prune=PruneSchedule((), 0.05))
+    stats = Stats()
+    assert run(target, cost_proposer(drafter, retrievers=[PromptLookup()]), prompt, 40, stats) == truth
+    assert stats.draft_forwards > 0
+
+
+def test_an_unwanted_drafter_is_skipped_when_retrieval_is_faster():
+    """A draft that costs a lot and is never right: the measured rates soon stop drafting (but look again)."""
+    target = tiny_model("llama", seed=1)
+    drafter = DraftModelDrafter(tiny_model("qwen2", seed=9), VOCAB, depth=24, top_k=2, prune=PruneSchedule((), 0.1))
+    prompt = list(range(3, 15)) * 3
+    truth = run(target, GraftProposer(0), prompt, 60)
+    proposer = cost_proposer(drafter)
+    assert run(target, proposer, prompt, 60) == truth
+    levels = [r["levels"] for r in proposer.trace]
+    assert levels.count(0) > 0 and any(levels)
+
+
+# --- wiring -----------------------------------------------------------------------------------------------------
+def test_graft_with_a_drafter_builds_by_cost_unless_fixed(monkeypatch):
+    loaded = tiny_loaded(tiny_model(seed=1))
+    import graft_cli.drafters
+
+    def fake(spec, target, depth, top_k, prune, chain, rope_theta=None, vocab=None):
+        return DraftModelDrafter(tiny_model(seed=2), VOCAB, depth, top_k, prune, chain)
+
+    monkeypatch.setattr(graft_cli.drafters, "load_drafter", fake)
+    cost = methods.build(MethodConfig("graft", draft="d"), loaded)
+    assert cost.objective is not None and cost.drafter.depth == cost.objective.max_levels == 24
+    assert not cost.drafter.prune.checkpoints and cost.drafter.prune.floor == 0.1  # the floor stays
+    fixed = methods.build(MethodConfig("graft", draft="d", tree="fixed"), loaded)
+    assert fixed.objective is None and fixed.drafter.depth == 8 and fixed.budget == 16
+    capped = methods.build(MethodConfig("graft", draft="d", depth=5), loaded)
+    assert capped.objective.max_levels == 5
+    assert methods.build(MethodConfig("dense", draft="d"), loaded).objective is None
+    for bad in [MethodConfig("graft", tree="cost"), MethodConfig("dense", draft="d", tree="cost"),
+                MethodConfig("graft", draft="d", tree="deep")]:
+        with pytest.raises(GraftError):
+            methods.build(bad, loaded)

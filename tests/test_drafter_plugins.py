@@ -4,6 +4,7 @@ distribution (a dist-info on sys.path, found by importlib.metadata), discovered,
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import json
 import re
 import tomllib
@@ -123,6 +124,9 @@ def test_a_kind_counts_only_when_installed_so_paths_and_names_stay_draft_models(
                          ("model:", "nothing after 'model:'")]:
         with pytest.raises(GraftError, match=re.escape(message)):
             parse_draft(bad)
+    monkeypatch.setattr(plugins, "entry_points", lambda **params: importlib.metadata.EntryPoints(()))
+    with pytest.raises(GraftError, match=r"built-in drafters are not registered .*reinstall graft"):
+        parse_draft("qwen2.5-coder-0.5b-instruct")  # a stale install says so, not "unknown drafter 'model'"
 
 
 def test_the_builtin_factories_take_the_env(monkeypatch):

@@ -52,6 +52,9 @@ def kinds() -> list[str]:
 def parse_draft(draft: str) -> tuple[str, str]:
     """``--draft`` to ``(kind, spec)``; one GraftError line for a kind nobody installed or an empty spec."""
     installed = kinds()
+    if DEFAULT_KIND not in installed:  # graft's own entry points: missing only from an install older than them
+        raise GraftError("graft's built-in drafters are not registered (installed before pyproject.toml declared "
+                         "them): reinstall graft (make install, or pip install -e .)")
     kind, colon, spec = draft.partition(":")
     if colon and kind in installed:
         if not spec:

@@ -17,7 +17,7 @@ import difflib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import plugins
 from graft_cli.errors import GraftError
@@ -25,6 +25,7 @@ from graft_cli.prune import PruneSchedule
 
 if TYPE_CHECKING:
     from graft_cli.graft import Drafter
+    from graft_cli.loading import Loaded
 
 DEFAULT_KIND = "model"  # a --draft with no known kind in front
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.+-]+")  # what a kind looks like: no '/', no drive letter
@@ -34,7 +35,7 @@ _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.+-]+")  # what a kind looks like: no '/
 class DrafterEnv:
     """What a drafter factory gets: the loaded target and the drafting flags (device defaults already applied)."""
 
-    target: Any  # graft_cli.loading.Loaded: .model, .tokenizer, .device
+    target: Loaded  # the loaded target: .model, .tokenizer, .device
     spec: str  # --draft after "KIND:" (the whole value for a bare model name)
     depth: int  # --depth: tree levels at most
     top_k: int  # --draft-top-k: nodes expanded per level and children per node

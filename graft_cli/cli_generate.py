@@ -21,7 +21,7 @@ def generate(
     jsonl: bool = typer.Option(False, "--jsonl", help="Input is JSONL: {id, prompt} or {id, messages} per line; output is JSONL."),
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Catalog name, HF model directory or .gguf file."),
     method: str = typer.Option("graft", "--method", help="graft, dense, pruned, rest, recycling, pld or ar (see docs/architecture.md)."),
-    draft: Optional[str] = typer.Option(None, "--draft", help="Draft model (catalog name or path) or eagle3:DIR|NAME (graft heads list)."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Draft model (catalog name or path), or KIND:SPEC of a drafter plugin (graft plugins list): eagle3:DIR|NAME (graft heads list)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Verified tree nodes per step (default: 16 on CPU, 60 on CUDA), or 'auto': measured on this device once, then chosen per step. 0: no tree, one token per forward (plain decoding through the verification path; retrievers still learn)."),
     depth: Optional[int] = typer.Option(None, "--depth", min=1, help="Draft tree levels at most (default: 8 on CPU, 7 on CUDA)."),
     draft_top_k: Optional[int] = typer.Option(None, "--draft-top-k", min=1, help="Draft nodes expanded per level and children per node (default: 2 on CPU, 8 on CUDA)."),

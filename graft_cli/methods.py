@@ -24,7 +24,7 @@ from graft_cli.graft import GraftProposer
 from graft_cli.objective import MAX_LEVELS, Objective
 from graft_cli.prune import DEFAULT as DEFAULT_PRUNE
 from graft_cli.prune import PruneSchedule, default_floor
-from plugins import load_factory
+import plugins
 from plugins.base import Options, RetrieverEnv
 
 STORE_RETRIEVER = "suffix-array"  # joins graft's defaults when a --datastore is given
@@ -49,7 +49,7 @@ class MethodConfig:
     budget: int | str | None = None  # verification nodes per step; None: the device's default; "auto": measured
     retrievers: list[str] | None = None  # None: the method's default list
     options: Options = field(default_factory=Options)  # retriever options, e.g. datastore=...
-    draft: str | None = None  # draft model spec, or eagle3:DIR
+    draft: str | None = None  # --draft: a draft model, or KIND:SPEC of a graft.drafters plugin (eagle3:DIR, ...)
     depth: int | None = None  # draft levels at most; None: the device's default
     draft_top_k: int | None = None  # children per expanded node and nodes expanded per level
     prune_at: str | None = None  # "LEVEL:THRESHOLD[:SHARE],...[,floor:X]"; None: (0.35, 0.25, 0.15), device floor
@@ -79,13 +79,7 @@ def default_draft_top_k(device: str) -> int:
 
 
 def make_retrievers(names: list[str], env: RetrieverEnv) -> list:
-    retrievers = []
-    for name in names:
-        try:
-            retrievers.append(load_factory(name)(env))
-        except (LookupError, ImportError, ValueError) as e:
-            raise GraftError(str(e)) from e
-    return retrievers
+    return [plugins.build(name, env) for name in names]
 
 
 def check(config: MethodConfig) -> None:
@@ -97,6 +91,10 @@ def check(config: MethodConfig) -> None:
         raise GraftError(f"--method {method} needs a drafter: --draft MODEL or --draft eagle3:DIR")
     if config.draft and method not in TAKES_DRAFT:
         raise GraftError(f"--method {method} does not use a drafter (use dense, pruned or graft with --draft)")
+    if config.draft:
+        from graft_cli.drafters.registry import parse_draft
+
+        parse_draft(config.draft)  # an unknown KIND: fails here, before the model loads
     if method == "rest" and not config.options.peek("datastore"):
         raise GraftError("--method rest retrieves from a datastore: give --datastore NAME_OR_PATH")
     if config.chain and not config.draft:
@@ -145,7 +143,7 @@ def build(config: MethodConfig, loaded) -> GraftProposer:
         return GraftProposer(0)
     drafter = None
     if config.draft:
-        from graft_cli.drafters import load_drafter
+        from graft_cli.drafters import registry
 
         cost = tree_mode(config) == "cost"
         depth = config.depth if config.depth is not None else (MAX_LEVELS if cost else default_depth(device))
@@ -157,8 +155,9 @@ def build(config: MethodConfig, loaded) -> GraftProposer:
             default = "none" if cost else DEFAULT_PRUNE
             prune = PruneSchedule.parse(config.prune_at if config.prune_at is not None else default,
                                         default_floor(device))
-        drafter = load_drafter(config.draft, loaded, depth, top_k, prune, config.chain, config.rope_theta,
-                               config.draft_vocab)
+        kind, spec = registry.parse_draft(config.draft)
+        env = registry.DrafterEnv(loaded, spec, depth, top_k, prune, config.chain, config.rope_theta, config.draft_vocab)
+        drafter = registry.load_drafter(kind, env)
     names = config.retrievers if config.retrievers is not None else list(RETRIEVERS[method])
     if config.retrievers is None and method == "graft" and config.options.peek("datastore"):
         names.append(STORE_RETRIEVER)
@@ -173,7 +172,7 @@ def build(config: MethodConfig, loaded) -> GraftProposer:
             latency = latency_model(loaded)  # measured once per model and device, then cached
         except GraftError:  # a model built in memory has no checksum to file a profile under
             pass
-        objective = Objective(latency, max_levels=drafter.depth)
+        objective = Objective(latency, max_levels=depth)
         if config.budget is None:
             budget = cap(latency)  # the objective sizes every tree; the budget is only its ceiling
     return GraftProposer(budget, make_retrievers(names, env), drafter=drafter, latency=latency, tail=config.chain,

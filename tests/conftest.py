@@ -1,5 +1,13 @@
+import importlib.metadata
+import tomllib
+from pathlib import Path
+
 import pytest
 import torch
+
+import plugins
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 
 @pytest.fixture(autouse=True)
@@ -10,3 +18,24 @@ def _threads(request):
         torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _declared_entry_points():
+    """An editable install's entry points are those of its last `pip install -e` (`make install`): one made
+    before pyproject.toml declared an entry point lacks it. The tests then see pyproject's own declarations on
+    top of the installed ones, so they test the code as it installs; a fresh install makes this a no-op.
+    tests/test_drafter_plugins.py goes through real installed metadata."""
+    declared = tomllib.loads(PYPROJECT.read_text())["project"]["entry-points"]
+    installed = plugins.entry_points
+
+    def entry_points(**params):
+        found = installed(**params)
+        group = params.get("group")
+        missing = [importlib.metadata.EntryPoint(name, value, group)
+                   for name, value in declared.get(group, {}).items() if name not in found.names]
+        return importlib.metadata.EntryPoints([*found, *missing]) if missing else found
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plugins, "entry_points", entry_points)
+        yield

@@ -1,4 +1,5 @@
-"""Shared helpers for the datastore tests (no tests here): a tiny word-level tokenizer model directory, no torch."""
+"""Shared helpers for the datastore tests (no tests here): a tiny word-level tokenizer model directory and a store
+of random documents built over it, no torch."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
+
+from datastores import build_store
 
 WORDS = 200  # tokens "w0" .. "w199" have ids 0 .. 199; "[UNK]" is 200
 
@@ -44,3 +48,18 @@ def write_jsonl(path: Path, docs) -> Path:
 def random_docs(rng: np.random.Generator, n_docs: int, alphabet: int, lo: int = 5, hi: int = 60) -> list[list[int]]:
     """Documents over a small alphabet (lots of repeats, so matches are long and counts interesting)."""
     return [rng.integers(0, alphabet, size=int(rng.integers(lo, hi))).tolist() for _ in range(n_docs)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return make_model_dir(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def random_store(tmp_path_factory, model_dir):
+    rng = np.random.default_rng(7)
+    docs = random_docs(rng, 150, 6)
+    tmp = tmp_path_factory.mktemp("rand")
+    corpus = write_jsonl(tmp / "c.jsonl", docs)
+    build_store([corpus], tmp / "store", model_dir=model_dir)
+    return docs, tmp / "store", corpus

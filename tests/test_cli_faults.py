@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from tests.test_bench import run_cli as run_main
-from tests.test_bench import tiny_dir  # noqa: F401 - the fixture: a tiny random model with SmolLM2's tokenizer
+from tests.bench_fixtures import run_cli as run_main
+from tests.bench_fixtures import tiny_dir  # noqa: F401 - the fixture: a tiny random model with SmolLM2's tokenizer
 from tests.test_faults import GRAFT, graft_env
 
 

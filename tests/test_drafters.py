@@ -139,13 +139,13 @@ def test_method_wiring(monkeypatch):
     loaded = tiny_loaded(tiny_model(seed=1))
     seen = {}
 
-    def fake_drafter(spec, target, depth, top_k, prune, chain, rope_theta=None, vocab=None):
-        seen.update(spec=spec, depth=depth, top_k=top_k, prune=prune, chain=chain)
-        return DraftModelDrafter(tiny_model(seed=2), VOCAB, depth, top_k, prune, chain)
+    def fake_drafter(kind, env):
+        seen.update(kind=kind, spec=env.spec, depth=env.depth, top_k=env.top_k, prune=env.prune, chain=env.chain)
+        return DraftModelDrafter(tiny_model(seed=2), VOCAB, env.depth, env.top_k, env.prune, env.chain)
 
-    import graft_cli.drafters
+    from graft_cli.drafters import registry
 
-    monkeypatch.setattr(graft_cli.drafters, "load_drafter", fake_drafter)
+    monkeypatch.setattr(registry, "load_drafter", fake_drafter)
     names = {}
     real = methods.make_retrievers
 
@@ -157,10 +157,13 @@ def test_method_wiring(monkeypatch):
 
     p = methods.build(MethodConfig("dense", 10, draft="d", depth=3, draft_top_k=2), loaded)
     assert p.drafter is not None and seen["prune"] is None and names["last"] == [] and p.budget == 10
+    assert (seen["kind"], seen["spec"], seen["depth"], seen["top_k"]) == ("model", "d", 3, 2)  # a bare name: a model
     p = methods.build(MethodConfig("pruned", draft="d", prune_at="0:0.5"), loaded)
     assert seen["prune"] == PruneSchedule.parse("0:0.5", floor=0.1) and p.budget == 16  # the CPU defaults
-    p = methods.build(MethodConfig("graft", draft="d", chain=True), loaded)
+    p = methods.build(MethodConfig("graft", draft="d", chain=True, tree="fixed"), loaded)
     assert seen["prune"] == PruneSchedule.default() and seen["chain"] and p.tail
+    p = methods.build(MethodConfig("graft", draft="d", chain=True), loaded)  # by cost: the floor, no checkpoints
+    assert seen["prune"] == PruneSchedule.parse("none", floor=0.1) and p.objective is not None
     assert [r.name for r in p.retrievers] == ["prompt", "recycling"]
     names.clear()
     methods.build(MethodConfig("graft", options={"datastore": "somewhere"}), loaded)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from datastores.integrity import SAMPLE_BYTES
-from tests.test_bench import run_cli as run_main
-from tests.test_bench import tiny_dir  # noqa: F401 - the fixture: a tiny random model with SmolLM2's tokenizer
+from tests.bench_fixtures import run_cli as run_main
+from tests.bench_fixtures import tiny_dir  # noqa: F401 - the fixture: a tiny random model with SmolLM2's tokenizer
 
 GRAFT = [sys.executable, "-m", "graft_cli"]
 

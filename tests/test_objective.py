@@ -173,12 +173,12 @@ def test_an_unwanted_drafter_is_skipped_when_retrieval_is_faster():
 # --- wiring -----------------------------------------------------------------------------------------------------
 def test_graft_with_a_drafter_builds_by_cost_unless_fixed(monkeypatch):
     loaded = tiny_loaded(tiny_model(seed=1))
-    import graft_cli.drafters
+    from graft_cli.drafters import registry
 
-    def fake(spec, target, depth, top_k, prune, chain, rope_theta=None, vocab=None):
-        return DraftModelDrafter(tiny_model(seed=2), VOCAB, depth, top_k, prune, chain)
+    def fake(kind, env):
+        return DraftModelDrafter(tiny_model(seed=2), VOCAB, env.depth, env.top_k, env.prune, env.chain)
 
-    monkeypatch.setattr(graft_cli.drafters, "load_drafter", fake)
+    monkeypatch.setattr(registry, "load_drafter", fake)
     cost = methods.build(MethodConfig("graft", draft="d"), loaded)
     assert cost.objective is not None and cost.drafter.depth == cost.objective.max_levels == 24
     assert not cost.drafter.prune.checkpoints and cost.drafter.prune.floor == 0.1  # the floor stays

@@ -73,6 +73,7 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
 
     from graft_cli import methods
     from graft_cli.catalog.checksums import model_checksum
+    from graft_cli.drafters.registry import DEFAULT_KIND, parse_draft
     from graft_cli.loading import load_model, stop_ids
 
     console = console or Console(width=None if sys.stdout.isatty() else 200)
@@ -91,14 +92,14 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     specs = plan_methods(names, methods.METHODS, opts.budgets, opts.variants)
     if any(s.method == "hf-assisted" for s in specs) and not opts.draft:
         raise GraftError("hf-assisted needs a draft model: give --draft MODEL")
+    kind, draft_spec = parse_draft(opts.draft) if opts.draft else (None, None)  # a bad KIND: before any load
 
     err.print(f"graft bench: {len(questions)} questions ({', '.join(categories)}) from {path}")
     loaded = load_model(opts.model, opts.device, opts.dtype, opts.device_map)
     device = loaded.device
-    # a sharded target's draft sits whole where the target's inputs go; a head is loaded by the drafter itself
-    head = bool(opts.draft) and opts.draft.startswith("eagle3:")
+    # a sharded target's draft sits whole where the target's inputs go; other kinds load what they need themselves
     draft_device = device if opts.device_map else opts.device
-    draft_loaded = load_model(opts.draft, draft_device, opts.dtype) if opts.draft and not head else None
+    draft_loaded = load_model(draft_spec, draft_device, opts.dtype) if kind == DEFAULT_KIND else None
     dtype = str(next(loaded.model.parameters()).dtype).replace("torch.", "")
     with shared_models(loaded, draft_loaded):
         runners, specs = build_runners(specs, loaded, draft_loaded, opts.options, explicit,
@@ -112,11 +113,11 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         check_reach(questions, Conversation(loaded.tokenizer, stop), limits, opts.max_new_tokens, depth)
 
     checksum = model_checksum(loaded.path)
-    draft_checksum = model_checksum(draft_loaded.path) if draft_loaded else None
-    if head:
+    draft_checksum = model_checksum(draft_loaded.path) if draft_loaded else opts.draft  # a plugin's: its spec
+    if kind == "eagle3":
         from graft_cli.heads import resolve_head
 
-        draft_checksum = _file_sha256(resolve_head(opts.draft[len("eagle3:"):]) / "model.safetensors")
+        draft_checksum = _file_sha256(resolve_head(draft_spec) / "model.safetensors")
     data_sha = _file_sha256(path)
     commit = _git_commit()
     env = environment(device)

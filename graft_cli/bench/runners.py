@@ -208,7 +208,7 @@ def build_runners(specs, loaded, draft_loaded, options, explicit: bool, warn: Ca
                 kwargs["assistant_model"] = draft_loaded.model
             runners.append(PeerRunner(spec.name, loaded.model, stop, device, **kwargs))
         else:
-            config = method_config(spec, options, draft_loaded.spec if draft_loaded else draft_spec, method_opts)
+            config = method_config(spec, options, draft_spec, method_opts)  # --draft as given: KIND:SPEC
             try:
                 proposer = methods.build(config, loaded)
             except GraftError as e:

@@ -347,22 +347,3 @@ def positions(base: int, depth: int | torch.Tensor, n: int, device: torch.device
 def _gather(rows: Any, index: torch.Tensor) -> Any:
     return None if rows is None else rows.index_select(0, index)
 
-
-def load_drafter(spec: str, target: Any, depth: int, top_k: int, prune: PruneSchedule | None, chain: bool,
-                 rope_theta: float | None = None, vocab: int | None = None) -> TreeDrafter:
-    """``--draft`` to a drafter over the loaded target (a graft_cli.loading.Loaded): a model spec, or eagle3:DIR."""
-    if spec.startswith("eagle3:"):
-        from graft_cli.drafters.eagle3 import Eagle3Drafter, load_head
-
-        head = load_head(spec[len("eagle3:") :], target.model, rope_theta)
-        return Eagle3Drafter(head, target.model, depth=depth, top_k=top_k, prune=prune, chain=chain)
-    from graft_cli.drafters.draft_model import DraftModelDrafter, check_vocab, draft_vocab
-    from graft_cli.loading import load_model
-
-    device = target.device
-    dtype = str(next(target.model.parameters()).dtype).replace("torch.", "")
-    loaded = load_model(spec, device, dtype)
-    check_vocab(target.tokenizer, loaded.tokenizer, spec)
-    size = target.model.config.vocab_size
-    kept = draft_vocab(target.tokenizer, size, vocab or 0)
-    return DraftModelDrafter(loaded.model, size, depth=depth, top_k=top_k, prune=prune, chain=chain, vocab=kept)

@@ -15,7 +15,7 @@ so output is unchanged. It is off by default: on a coding prompt with the Qwen p
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 from torch.nn import functional as F
@@ -25,6 +25,9 @@ from graft_cli.errors import GraftError
 from graft_cli.prune import PruneSchedule
 from graft_cli.target import Target
 from plugins.base import Step
+
+if TYPE_CHECKING:
+    from graft_cli.drafters.registry import DrafterEnv
 
 
 def check_vocab(target_tokenizer: Any, draft_tokenizer: Any, spec: str) -> None:
@@ -144,3 +147,18 @@ class DraftModelDrafter(TreeDrafter):
         if self.tree_rows:
             self.cache.keep(keep_rows, self.tree_rows)
         self.tree_rows = 0
+
+
+def make(env: DrafterEnv) -> DraftModelDrafter:
+    """The ``model`` drafter (``--draft NAME``, or ``model:NAME``): a catalog name or path, loaded on the target's
+    device in its dtype, refused unless it spells tokens as the target does."""
+    from graft_cli.loading import load_model  # looked up per call: graft bench shares one copy of each model
+
+    target = env.target
+    dtype = str(next(target.model.parameters()).dtype).replace("torch.", "")
+    loaded = load_model(env.spec, target.device, dtype)
+    check_vocab(target.tokenizer, loaded.tokenizer, env.spec)
+    size = target.model.config.vocab_size
+    kept = draft_vocab(target.tokenizer, size, env.draft_vocab or 0)
+    return DraftModelDrafter(loaded.model, size, depth=env.depth, top_k=env.top_k, prune=env.prune, chain=env.chain,
+                             vocab=kept)

@@ -17,7 +17,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +26,9 @@ from graft_cli.drafters import TreeDrafter, positions
 from graft_cli.errors import GraftError
 from graft_cli.prune import PruneSchedule
 from plugins.base import Step
+
+if TYPE_CHECKING:
+    from graft_cli.drafters.registry import DrafterEnv
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
@@ -390,3 +393,9 @@ class Eagle3Drafter(TreeDrafter):
 
     def _from_target(self, ids: torch.Tensor) -> torch.Tensor:
         return self.head.from_target(ids)
+
+
+def make(env: DrafterEnv) -> Eagle3Drafter:
+    """The ``eagle3`` drafter (``--draft eagle3:DIR|NAME``): the head read and checked against the target."""
+    head = load_head(env.spec, env.target.model, env.rope_theta)
+    return Eagle3Drafter(head, env.target.model, depth=env.depth, top_k=env.top_k, prune=env.prune, chain=env.chain)

@@ -1,0 +1,142 @@
+"""--budget auto: the latency profile (measured once, cached), AutoBudget's cut of each tree, and generate's report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from graft_cli import profile
+from graft_cli.budget import LatencyModel
+from graft_cli.errors import GraftError
+from graft_cli.stats import Stats
+from graft_cli.tree import ROOT, Tree
+from tests.bench_fixtures import run_cli, tiny_dir  # noqa: F401 - tiny_dir: the fixture
+
+
+def test_parse_budget():
+    assert profile.parse_budget(None) is None
+    assert profile.parse_budget("auto") == "auto" and profile.parse_budget(" AUTO ") == "auto"
+    assert profile.parse_budget("12") == 12
+    for bad in ("x", "-1", "1.5"):
+        with pytest.raises(GraftError, match="--budget"):
+            profile.parse_budget(bad)
+
+
+class _Inner:
+    wants_hidden = False
+
+    def __init__(self, scores):
+        self.scores = scores
+        self.observed = []
+
+    def start(self, prompt, prefill):
+        pass
+
+    def propose(self, context, stats):
+        tree = Tree()
+        parent = ROOT
+        for i, s in enumerate(self.scores):  # a chain with falling path scores
+            parent = tree.add(parent, 10 + i, "x", s)
+        return tree
+
+    def observe(self, step):
+        self.observed.append(step)
+
+
+def test_auto_budget_keeps_the_best_rate_prefix_and_reports_it():
+    latency = LatencyModel({1: 1.0, 2: 1.1, 4: 1.3, 8: 3.0})
+    inner = _Inner([0.9, 0.8, 0.7, 0.1, 0.05, 0.01])
+    auto = profile.AutoBudget(inner, latency)
+    stats = Stats()
+    tree = auto.propose([1, 2], stats)
+    assert latency.best_count(0, 0.0, inner.scores) == 3 == len(tree)
+    assert [n.token for n in tree.nodes] == [10, 11, 12]
+    assert auto.chosen == [3]
+    if hasattr(stats, "budgets"):
+        assert stats.budgets == [3]
+
+
+def test_auto_budget_counts_the_drafting_already_spent():
+    """A step that already spent a second drafting gains more from a wider tree: keep more nodes."""
+    latency = LatencyModel({1: 0.4, 2: 0.5, 4: 0.8, 8: 1.6, 16: 3.2})
+    inner = _Inner([0.9, 0.8, 0.6, 0.4, 0.3, 0.2, 0.1])
+    ticks = iter([0.0, 0.0])
+    free = profile.AutoBudget(inner, latency, clock=lambda: next(ticks))
+    ticks_slow = iter([0.0, 1.0])
+    slow = profile.AutoBudget(inner, latency, clock=lambda: next(ticks_slow))
+    assert len(free.propose([1], Stats())) < len(slow.propose([1], Stats()))
+    assert slow.chosen == [latency.best_count(0, 0.0, inner.scores, overhead=1.0)]
+
+
+def test_auto_budget_follows_the_cost_curve():
+    inner = _Inner([0.9] * 20)
+    flat = profile.AutoBudget(inner, LatencyModel({1: 1.0, 32: 1.01}))  # a GPU: width is nearly free
+    steep = profile.AutoBudget(inner, LatencyModel({1: 1.0, 2: 2.0, 32: 32.0}))  # every node costs a forward
+    assert len(flat.propose([1], Stats())) == 20
+    assert len(steep.propose([1], Stats())) == 0
+
+
+# --- the latency profile -----------------------------------------------------------------------------------------
+def test_profile_curve_takes_the_fastest_run_and_never_falls():
+    curve, noise = profile.summarize({1: [0.1, 0.3, 0.1], 2: [0.5, 0.4, 0.6], 4: [0.2, 0.3, 0.25], 8: [0.9, 1.0, 0.9]})
+    assert curve == {1: 0.1, 2: 0.4, 4: 0.4, 8: 0.9}  # a busy machine made n=2 look dearer than n=4
+    assert noise == pytest.approx(0.25)
+
+
+def test_profile_is_measured_once_and_cached(tiny_dir, tmp_path, monkeypatch):
+    from graft_cli.loading import load_model
+
+    monkeypatch.setenv("GRAFT_HOME", str(tmp_path))
+    monkeypatch.setattr(profile, "CPU_SIZES", (1, 2, 4, 8))
+    monkeypatch.setattr(profile, "REPEATS", 2)
+    loaded = load_model(str(tiny_dir), "cpu")
+    latency = profile.latency_model(loaded, quiet=True)
+    assert sorted(latency.points) == [1, 2, 4, 8] and all(v > 0 for v in latency.points.values())
+    files = list((tmp_path / "profiles").glob("*.json"))
+    assert len(files) == 1 and files[0].name.endswith(f"-cpu-{torch.get_num_threads()}t-float32.json")
+    data = json.loads(files[0].read_text())
+    assert data["latency_s"] and data["context_tokens"] == profile.CONTEXT
+
+    def boom(*a, **k):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(profile, "measure", boom)
+    assert profile.latency_model(loaded).points == latency.points  # from the cache
+    assert profile.cap(latency) == 7
+    with pytest.raises(AssertionError):
+        profile.latency_model(loaded, refresh=True)
+
+
+def test_build_auto_wraps_the_method_at_the_cap(tiny_dir, tmp_path, monkeypatch):
+    from graft_cli import methods
+    from graft_cli.loading import load_model
+
+    monkeypatch.setenv("GRAFT_HOME", str(tmp_path))
+    monkeypatch.setattr(profile, "measure", lambda model, sizes, **k: {n: [1.0 + n / 8] for n in (1, 2, 4, 8, 16)})
+    loaded = load_model(str(tiny_dir), "cpu")
+    seen = []
+
+    def fake_build(config, loaded):
+        seen.append(config.budget)
+        return methods.build(config, loaded)
+
+    proposer = profile.build_auto(methods.MethodConfig("pld", "auto"), loaded, fake_build)
+    assert isinstance(proposer, profile.AutoBudget) and seen == [15]
+    assert proposer.latency.points[16] == 3.0
+    assert not isinstance(profile.build_auto(methods.MethodConfig("ar", "auto"), loaded, fake_build), profile.AutoBudget)
+
+
+def test_generate_budget_auto_reports_the_chosen_budget(tiny_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GRAFT_HOME", str(tmp_path))
+    monkeypatch.setattr(profile, "CPU_SIZES", (1, 2, 4, 8))
+    monkeypatch.setattr(profile, "REPEATS", 1)
+    argv = ["generate", "--model", str(tiny_dir), "--method", "pld", "--budget", "auto", "--stats", "-n", "8",
+            "--prompt", "one two three one two three one two three"]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert "budget auto:" in err and "nodes per step" in err
+    assert len(list((tmp_path / "profiles").glob("*.json"))) == 1
+    code, _, err = run_cli([*argv[:-2], "--budget", "many", "--prompt", "x"], capsys)
+    assert code == 2 and "--budget must be 'auto'" in err

@@ -31,8 +31,18 @@ class _Pending:
     drafted: bool
     draft_s: float
     draft_rows: list[int]
-    other_s: float  # retrieval and grafting
+    line_probs: list[float]  # the drafter's own probabilities along its best path ...
+    line: list[int]  # ... and that path's nodes (the tree's first nodes are the draft's)
     proposed_at: float  # perf_counter() when the tree left for verification
+
+
+def _best_path(tree: Tree) -> list[int]:
+    """From the root, the best-scored child at every level: the path a tree's depth is chosen for."""
+    path, parent = [], ROOT
+    while kids := tree.children(parent):
+        parent = max(kids, key=lambda i: tree.nodes[i].score)
+        path.append(parent)
+    return path
 
 
 class Drafter(Protocol):
@@ -129,8 +139,16 @@ class GraftProposer:
         ranked = np.array([pool.nodes[i].score for i in pool.ranked()], dtype=np.float64)
         bucket = objective.bucket(ranked)
         tree, drafted = Tree(), objective.should_draft(bucket)
+        raw: list[float] = []
+        line: list[int] = []
         if drafted:
             tree = drafter.draft(context, self.budget, stats, self._chain(pool), objective)
+            raw = [n.score for n in tree.nodes]
+            line = _best_path(tree)  # its best path is calibrated, to compete fairly with retrieved nodes
+            scores = list(raw)
+            for i, p in zip(line, objective.calibrated(np.array([raw[i] for i in line]))):
+                scores[i] = float(p)
+            tree = tree.rescored(scores, [n.raw for n in tree.nodes])
         t2 = perf_counter()
         if self.tail and len(tree):
             self._tail(pool, tree, context, self.budget)
@@ -140,7 +158,7 @@ class GraftProposer:
         stats.times["retrieve"] += t1 - t0 + perf_counter() - t2
         self.trace.append({"draft": kept, "retrieved": len(tree) - kept, "levels": drafter.levels if drafted else 0})
         self._step = _Pending(bucket, drafted, t2 - t1, list(drafter.forward_rows) if drafted else [],
-                              t1 - t0 + perf_counter() - t2, perf_counter())
+                              [raw[i] for i in line], line, perf_counter())
         return tree
 
     def _chain(self, pool: Tree) -> list[int]:
@@ -233,7 +251,9 @@ class GraftProposer:
         if self._step is not None and self.objective is not None:
             done, self._step = self._step, None
             self.objective.measured(done.bucket, done.drafted, len(step.accepted), len(step.tree),
-                                    verified_at - done.proposed_at, done.draft_s, done.draft_rows, done.other_s)
+                                    verified_at - done.proposed_at, done.draft_s, done.draft_rows)
+            reached = next((i for i, (a, b) in enumerate(zip(done.line, accepted)) if a != b), min(len(done.line), len(accepted)))
+            self.objective.observe_draft(done.line_probs, reached)
         if self.trace:
             self.trace[-1]["accepted"] = Counter(step.tree.nodes[i].source for i in accepted)
 

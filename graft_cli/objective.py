@@ -20,6 +20,7 @@ measurement a draft forward is assumed to cost ``DRAFT_PRIOR`` of a one-token ta
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -29,10 +30,15 @@ from graft_cli.budget import LatencyModel
 
 DRAFT_PRIOR = 0.35  # a draft forward against a one-token target forward, until measured (Qwen 0.5B / 1.5B: 0.33)
 CONFIDENCE_PRIOR = 0.8  # the drafter's conditional probability of its best child, until measured
-MEMORY = 0.3  # weight of the newest measurement in every running estimate
+MEMORY = 0.3  # weight of the newest step in a mode's running tokens and costs
+WINDOW = 16  # steps whose timings the costs of a forward are the median of
 EXPLORE = 8  # a mode that loses in a bucket is still tried every this many visits (conditions change)
 MAX_LEVELS = 24  # draft forwards per step at most, unless --depth says otherwise
-BUCKETS = 8  # retrieval confidence buckets: expected accepted tokens 1, 2, ..., 8 and more
+BUCKETS = 8
+# candidate calibrations of the draft's path probabilities (p ** power): a well-aligned draft model is right far
+# more often than its own probabilities say (Qwen2.5-Coder 0.5B agrees with 1.5B 97% of the time on code)
+POWERS = np.array([0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0])
+FORGET = 0.97  # per drafted step, what the calibration keeps of its past  # retrieval confidence buckets: expected accepted tokens 1, 2, ..., 8 and more
 
 
 def _ema(old: float | None, new: float) -> float:
@@ -57,8 +63,13 @@ class Objective:
     unit: float | None = None  # seconds per latency unit, measured
     draft_unit: float | None = None  # seconds of a one-row draft forward, measured
     confidence: float = CONFIDENCE_PRIOR
-    rates: dict = field(default_factory=dict)  # (bucket, drafted) -> measured tokens per latency unit
+    rates: dict = field(default_factory=dict)  # (bucket, drafted) -> running (tokens, verify cost, draft forwards)
     visits: dict = field(default_factory=dict)  # (bucket, drafted) -> steps since that mode last ran there
+    power: float = 1.0  # the draft's calibration: a path the drafter gives probability p is accepted p ** power
+    _fit: np.ndarray = field(default_factory=lambda: np.zeros(len(POWERS)))  # predicted draft tokens, per power
+    _drafted: float = 0.0  # ... and accepted, decayed alike
+    _units: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    _draft_units: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
 
     # --- costs --------------------------------------------------------------------------------------------------
     def verify_cost(self, nodes: int) -> float:
@@ -78,17 +89,20 @@ class Objective:
         return sum(self.draft_cost(r) for r in rows)
 
     # --- decisions ----------------------------------------------------------------------------------------------
-    def best(self, scores: np.ndarray, spent: float) -> Plan:
-        """How many of ``scores`` (best first) to verify after ``spent`` units of drafting, and the rate."""
+    def best(self, scores: np.ndarray, spent: float, line: np.ndarray = np.zeros(0)) -> Plan:
+        """How many of ``scores`` (the drafter's own path probabilities, best first) to verify after ``spent``
+        units of drafting, and the rate; ``line``: the probabilities along the best path, which count as
+        calibrated (the rest as they are: siblings are rarely what the target picks)."""
         count = self.latency.best_count(0, 0.0, scores, overhead=spent)
-        gain = 1.0 + float(np.sum(scores[:count]))
+        gain = 1.0 + float(np.sum(scores[:count])) + float(np.sum(self.calibrated(line) - line))
         return Plan(count, gain / (spent + self.verify_cost(count)))
 
     def extend(self, frontier: np.ndarray, plan: Plan, spent: float) -> bool:
-        """Whether one more draft level over ``frontier`` (its path probabilities) raises the step's rate."""
+        """Whether one more draft level over ``frontier`` (its path probabilities, best first) raises the
+        step's rate: the best node's child counts as calibrated, the others' as they are."""
         if not len(frontier):
             return False
-        gain = self.confidence * float(np.sum(frontier))
+        gain = self.confidence * float(self.calibrated(frontier[:1])[0] + np.sum(frontier[1:]))
         cost = self.draft_cost(len(frontier)) + self.verify_cost(plan.count + len(frontier)) - self.verify_cost(plan.count)
         base = plan.rate * (spent + self.verify_cost(plan.count))
         return (base + gain) / (spent + self.verify_cost(plan.count) + cost) > plan.rate
@@ -101,7 +115,7 @@ class Objective:
     def should_draft(self, bucket: int) -> bool:
         """Draft unless not drafting has measured faster at this retrieval confidence (each mode is tried
         first while unmeasured, and the losing one again every ``EXPLORE`` visits)."""
-        drafted, skipped = self.rates.get((bucket, True)), self.rates.get((bucket, False))
+        drafted, skipped = self.rate(bucket, True), self.rate(bucket, False)
         if drafted is None:
             return True
         if skipped is None:
@@ -113,22 +127,50 @@ class Objective:
 
     # --- measurements -------------------------------------------------------------------------------------------
     def measured(self, bucket: int, drafted: bool, tokens: int, nodes: int, verify_s: float, draft_s: float,
-                 draft_rows: Sequence[int], other_s: float) -> None:
+                 draft_rows: Sequence[int]) -> None:
         """One step's outcome: ``tokens`` accepted from a ``nodes``-node tree verified in ``verify_s`` seconds,
-        after ``draft_s`` seconds of draft forwards of ``draft_rows`` rows and ``other_s`` of retrieval."""
+        after ``draft_s`` seconds of draft forwards of ``draft_rows`` rows.
+
+        The seconds calibrate the costs as medians of recent steps (a warm-up forward or a busy moment of a
+        shared machine does not move them); a mode's rate is its accepted tokens over what its steps cost at the
+        current costs, so the comparison between modes is between like costs."""
+        shape = sum(self.latency(r) for r in draft_rows) / self.latency(1)
         if verify_s > 0:
-            self.unit = _ema(self.unit, verify_s / self.verify_cost(nodes))
-        if draft_rows and draft_s > 0:
-            shape = sum(self.latency(r) for r in draft_rows) / self.latency(1)
-            self.draft_unit = _ema(self.draft_unit, draft_s / shape)
-        seconds = verify_s + draft_s + other_s
-        if self.unit and seconds > 0:
-            key = (bucket, drafted)
-            self.rates[key] = _ema(self.rates.get(key), tokens / (seconds / self.unit))
-            self.visits[key] = 0
-            self.visits[(bucket, not drafted)] = self.visits.get((bucket, not drafted), 0) + 1
+            self._units.append(verify_s / self.verify_cost(nodes))
+            self.unit = float(np.median(self._units))
+        if shape and draft_s > 0:
+            self._draft_units.append(draft_s / shape)
+            self.draft_unit = float(np.median(self._draft_units))
+        key = (bucket, drafted)
+        old = self.rates.get(key, (None, None, None))
+        self.rates[key] = (_ema(old[0], tokens), _ema(old[1], self.verify_cost(nodes)), _ema(old[2], shape))
+        self.visits[key] = 0
+        self.visits[(bucket, not drafted)] = self.visits.get((bucket, not drafted), 0) + 1
+
+    def rate(self, bucket: int, drafted: bool) -> float | None:
+        """Accepted tokens per latency unit that steps of this mode reached at this retrieval confidence."""
+        if (bucket, drafted) not in self.rates:
+            return None
+        tokens, verify, forwards = self.rates[(bucket, drafted)]
+        return tokens / (verify + forwards * self.draft_cost(1))
+
+    def calibrated(self, probs: np.ndarray) -> np.ndarray:
+        """The draft's path probabilities as acceptance estimates."""
+        return probs**self.power
+
+    def observe_draft(self, probs: Sequence[float], accepted: int) -> None:
+        """The draft's own probabilities along its best path of a verified tree, and how far along it the
+        target accepted: the power whose predictions add up closest to what was accepted becomes the
+        calibration (the best path is what depth is chosen for; siblings are rarely what the target picks)."""
+        if not len(probs):
+            return
+        raw = np.asarray(probs, dtype=np.float64)[:, None]
+        self._fit = FORGET * self._fit + np.sum(raw ** POWERS[None, :], axis=0)
+        self._drafted = FORGET * self._drafted + accepted
+        prior = 1.0  # one node predicted and accepted alike: no evidence, no change from power 1
+        self.power = float(POWERS[np.argmin(np.abs(np.log((self._fit + prior) / (self._drafted + prior))))])
 
     def observe_confidence(self, parent_logp: float, child_logp: float) -> None:
         """The drafter's best child against its best parent one level up (log path probabilities)."""
         if math.isfinite(parent_logp) and math.isfinite(child_logp):
-            self.confidence = _ema(self.confidence, min(1.0, math.exp(child_logp - parent_logp)))
+            self.confidence = _ema(self.confidence, min(1.0, math.exp(child_logp - parent_logp) ** self.power))

@@ -58,22 +58,27 @@ def test_the_best_count_and_the_next_level():
 def test_costs_come_from_measurements():
     objective = Objective(FLAT)
     assert objective.draft_cost(1) == pytest.approx(0.35)  # the prior, in one-token forwards
-    objective.measured(2, True, 5, 7, verify_s=0.2, draft_s=0.3, draft_rows=[1, 1, 1], other_s=0.0)
+    objective.measured(2, True, 5, 7, verify_s=0.2, draft_s=0.3, draft_rows=[1, 1, 1])
     assert objective.unit == pytest.approx(0.2)  # seconds per curve unit (8 tokens cost 1.0)
     assert objective.draft_cost(1) == pytest.approx(0.5)  # 0.1 s a forward = half a verification
     assert objective.spent(0.4, [1]) == pytest.approx(2.0)
-    assert objective.rates[(2, True)] == pytest.approx(5 / 2.5)
+    assert objective.rate(2, True) == pytest.approx(5 / 2.5)
+    for _ in range(2):
+        objective.measured(2, True, 5, 7, verify_s=0.2, draft_s=0.3, draft_rows=[1, 1, 1])
+    objective.measured(2, True, 5, 7, verify_s=2.0, draft_s=3.0, draft_rows=[1, 1, 1])  # a busy moment
+    assert objective.unit == pytest.approx(0.2) and objective.draft_cost(1) == pytest.approx(0.5)  # medians
+    assert objective.rate(2, True) == pytest.approx(5 / 2.5)  # the same work costs the same
 
 
 def test_the_bandit_tries_both_modes_then_keeps_the_faster_but_still_looks():
     objective = Objective(FLAT)
     assert objective.should_draft(3)  # nothing measured: draft
-    objective.measured(3, True, 4, 8, 0.1, 0.3, [1], 0.0)  # drafting: 4 tokens in 0.4 s
+    objective.measured(3, True, 4, 8, 0.1, 0.3, [1, 1, 1])  # drafting: 4 tokens for 1 + 3 x 1 units
     assert not objective.should_draft(3)  # not drafting is unmeasured: try it
-    objective.measured(3, False, 3, 8, 0.1, 0.0, [], 0.0)  # 3 tokens in 0.1 s: faster
+    objective.measured(3, False, 3, 8, 0.1, 0.0, [])  # 3 tokens for 1 unit: faster
     assert not objective.should_draft(3)
     for _ in range(EXPLORE):
-        objective.measured(3, False, 3, 8, 0.1, 0.0, [], 0.0)
+        objective.measured(3, False, 3, 8, 0.1, 0.0, [])
     assert objective.should_draft(3)  # the loser is looked at again
     assert objective.should_draft(7)  # another confidence bucket knows nothing yet
 

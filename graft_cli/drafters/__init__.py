@@ -191,7 +191,7 @@ class TreeDrafter:
         rows = self.tree_rows + (cap - 1) * self.top_k
         ancestors = torch.zeros((rows + 1, rows), dtype=torch.bool, device=frontier.cum.device)
         ancestors[: self.tree_rows, : self.tree_rows] = torch.ones_like(ancestors[: self.tree_rows, : self.tree_rows]).tril()
-        frontier_cum, settled, best_before = [], False, None  # host copies, at the levels that read them
+        frontier_cum, settled, line = [], False, []  # host copies, at the levels that read them
         self.levels, keep = 1, budget
         while True:
             level, deeper = self.levels - 1, self.levels < cap
@@ -219,12 +219,12 @@ class TreeDrafter:
                 frontier = frontier.head(sum(1 for c in frontier_cum if c >= math.log(floor)))
                 frontier_cum = frontier_cum[: len(frontier)]
             if objective is not None:  # expected tokens per second decide the depth, and the nodes kept
-                scores = np.exp(np.array(host[len(host) - ranked :]))
-                if best_before is not None and frontier_cum:
-                    objective.observe_confidence(best_before, frontier_cum[0])
-                best_before = frontier_cum[0] if frontier_cum else None
+                if frontier_cum:
+                    if line:
+                        objective.observe_confidence(line[-1], frontier_cum[0])
+                    line.append(frontier_cum[0])  # the best path's newest node
                 spent = objective.spent(perf_counter() - clock, self.forward_rows)
-                plan = objective.best(scores, spent)
+                plan = objective.best(np.exp(np.array(host[len(host) - ranked :])), spent, np.exp(np.array(line)))
                 keep = plan.count
                 if not deeper or not objective.extend(np.exp(np.array(frontier_cum)), plan, spent):
                     break

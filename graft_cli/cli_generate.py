@@ -23,7 +23,8 @@ def generate(
     method: str = typer.Option("graft", "--method", help="graft, dense, pruned, rest, recycling, pld or ar (see docs/architecture.md)."),
     draft: Optional[str] = typer.Option(None, "--draft", help="Draft model (catalog name or path), or KIND:SPEC of a drafter plugin (graft plugins list): eagle3:DIR|NAME (graft heads list)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Verified tree nodes per step (default: 16 on CPU, 60 on CUDA), or 'auto': measured on this device once, then chosen per step. 0: no tree, one token per forward (plain decoding through the verification path; retrievers still learn)."),
-    depth: Optional[int] = typer.Option(None, "--depth", min=1, help="Draft tree levels at most (default: 8 on CPU, 7 on CUDA)."),
+    tree: Optional[str] = typer.Option(None, "--tree", help="How graft with a drafter shapes its tree: 'cost' (default: each step by expected tokens per second, docs/architecture.md) or 'fixed' (--depth levels and --prune-at checkpoints)."),
+    depth: Optional[int] = typer.Option(None, "--depth", min=1, help="Draft tree levels at most (default: 8 on CPU, 7 on CUDA; 24 with --tree cost)."),
     draft_top_k: Optional[int] = typer.Option(None, "--draft-top-k", min=1, help="Draft nodes expanded per level and children per node (default: 2 on CPU, 8 on CUDA)."),
     prune_at: Optional[str] = typer.Option(None, "--prune-at", help="Pruning checkpoints LEVEL:THRESHOLD[:SHARE],... (default 0:0.35,1:0.25,5:0.15; 'none': no pruning)."),
     chain: bool = typer.Option(False, "--chain", help="Draft a single chain; with graft: Graft(TAIL), retrieved tokens fill the tail."),
@@ -74,7 +75,7 @@ def generate(
         options["adjacency_file"] = adjacency_file
     config = MethodConfig(method, parse_budget(budget), retrievers.split(",") if retrievers else None, options, draft,
                           depth=depth, draft_top_k=draft_top_k, prune_at=prune_at, chain=chain, rope_theta=rope_theta,
-                          draft_vocab=draft_vocab)
+                          draft_vocab=draft_vocab, tree=tree)
     methods.check(config)  # before the model loads: a wrong flag or store name should not cost seconds
     methods.check_datastore(config)
     truncate = parse_truncate(truncate)

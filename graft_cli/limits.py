@@ -90,11 +90,12 @@ def limits(config: Any) -> Limits:
 def tree_reach(config: Any, device: str) -> int:
     """How far past the last accepted token a method (a graft_cli.methods.MethodConfig) reaches: its budget in
     tree nodes bounds both the depth (positions) and the rows (cache) of any tree it verifies."""
-    from graft_cli.methods import default_budget
+    from graft_cli.methods import default_budget, tree_mode
     from graft_cli.profile import CPU_SIZES, CUDA_SIZES
 
     if config.method == "ar":
         return 0
-    if config.budget == "auto":  # the cap: the widest measured forward, root included
+    if config.budget == "auto" or (config.budget is None and tree_mode(config) == "cost"):
+        # the cap: the widest measured forward, root included
         return max(CUDA_SIZES if device.startswith("cuda") else CPU_SIZES) - 1
     return int(config.budget) if config.budget is not None else default_budget(device)

@@ -10,6 +10,11 @@
 | pruned | --draft (required) | --prune-at | - |
 | graft | --draft (optional) | --prune-at | prompt, recycling (+ suffix-array with --datastore) |
 
+graft with a drafter builds its tree by cost (``--tree cost``, graft_cli/objective.py): retrieval first, the
+retrieved chain checked in the draft's first forward, draft levels only while they raise the expected tokens per
+second (up to ``--depth``, 24 by default), pruning checkpoints replaced by that rule (the expansion floor stays).
+``--tree fixed`` keeps the table's fixed depth and checkpoints.
+
 ``--chain`` makes the drafter draft one path; with ``graft`` that is Graft(TAIL): the confident prefix of the
 chain is kept and the rest of the budget is filled with retrieved tokens, from the root and after the chain.
 """

@@ -34,6 +34,8 @@ def run_main(argv, capsys, stdin=None, monkeypatch=None):
         (["generate", "--prompt", "hi", "--temperature", "-1"], None, "--temperature"),
         (["generate", "--prompt", "hi", "--device", "cuda"], None, "CUDA"),
         (["generate", "--prompt", "hi", "--prompt-file", "x"], None, "not both"),
+        (["generate", "--prompt", "hi", "--tree", "deep"], None, "--tree must be 'cost' or 'fixed'"),
+        (["generate", "--prompt", "hi", "--tree", "cost"], None, "--tree cost chooses a drafter's tree"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, stdin, message, capsys, monkeypatch):

@@ -110,12 +110,12 @@ class Calibration:
     ) -> None:
         """For every calibrated node whose parent was accepted: its source's own estimate, and the outcome.
         Nodes deeper than ``horizon`` are left out (their outcome is unknown when the tree was not verified)."""
-        reached = {ROOT, *accepted_nodes}
         accepted = set(accepted_nodes)
-        for i, node in enumerate(tree.nodes):
-            if horizon is not None and node.depth > horizon:
-                continue
-            if node.parent in reached and node.raw == node.raw:  # NaN: not calibrated
+        nodes = tree.nodes
+        # only the children of the root and of accepted nodes were judged; in node order, so sums add up as before
+        for i in sorted(i for parent in (ROOT, *accepted_nodes) for i in tree.children(parent)):
+            node = nodes[i]
+            if (horizon is None or node.depth <= horizon) and node.raw == node.raw:  # NaN: not calibrated
                 key = self._key(group or node.source, node.depth)
                 self.predicted[key] += node.raw
                 self.accepted[key] += i in accepted

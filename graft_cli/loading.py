@@ -9,8 +9,10 @@ over the visible GPUs, then the CPU, then disk. Inputs go to the input embedding
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import platform
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +136,23 @@ def cpu_kernels(model: Any) -> None:
     os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
     if next(model.parameters()).dtype == torch.float32:
         use_cpu_linears(model)
+    reuse_freed_memory()
+
+
+HEAP_BLOCK = 32 << 20  # allocations up to this size come from the heap (glibc's largest allowed)
+HEAP_SLACK = 256 << 20  # free memory the heap may keep for reuse before it gives memory back to the system
+
+
+def reuse_freed_memory() -> None:
+    """Keep freed memory for the next step, as CUDA's caching allocator does. glibc maps every large block afresh
+    and unmaps or trims it on free, so each step's logits (a 61-row block of a 49K vocabulary: 12 MB) fault their
+    pages in and give them back: about 0.5 ms of kernel time a step on the host (docs/benchmarks.md, "Host
+    overhead: the last costs"). Only on glibc; the setting is the process's, like its thread count."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return
+    libc = ctypes.CDLL(None)
+    libc.mallopt(-3, HEAP_BLOCK)  # M_MMAP_THRESHOLD: fixed, so it no longer adapts
+    libc.mallopt(-1, HEAP_SLACK)  # M_TRIM_THRESHOLD
 
 
 def stop_ids(loaded: Loaded) -> set[int]:

@@ -190,11 +190,12 @@ class Tree:
         up[1:] = self.parents()
         mask = np.zeros((n, n), dtype=bool)
         rows = np.arange(n)
-        at = rows.copy()
-        for _ in range(int(self.depths().max()) + 1):
+        at = rows
+        while True:
             mask[rows, at] = True
+            if not at.any():  # every row has reached the root
+                return mask
             at = up[at]
-        return mask
 
     def paths(self) -> list[list[int]]:
         """Root-to-leaf paths as lists of node indices."""

@@ -69,14 +69,15 @@ class AdjacencyRetriever:
         if not self._pending:
             return
         packed = self._pending[0][1] if len(self._pending) == 1 else torch.cat([p for _, p in self._pending])
-        data, start = packed.cpu(), 0
+        data, start = packed.to("cpu").numpy(), 0  # the one read; the rest is NumPy on the host
+        table, chances = self._arrays
         for fed, update in self._pending:  # in order, and within a step a token's last row: later writes win
             last = {token: row for row, token in enumerate(fed, start=start)}
             block, start = data[list(last.values())], start + len(fed)
             width = update.shape[1] // 2
             rows = list(last)
-            self._tokens[rows, :width] = block[:, :width].to(torch.int32)  # exact: ids and float32 values
-            self._probs[rows, :width] = block[:, width:].to(torch.float32)  # travel as float64
+            table[rows, :width] = block[:, :width]  # exact: ids and float32 values travel as float64
+            chances[rows, :width] = block[:, width:]
         self._pending = []
 
     # --- persistence ------------------------------------------------------------------------------------------

@@ -134,4 +134,5 @@ class Target:
         """Logits and hidden states on the input device (a sharded model's last layers may sit elsewhere;
         ``.to`` is free when they do not)."""
         states = tuple(h[0].to(self.device) for h in out.hidden_states) if hidden else None
-        return Forward(out.logits[0].to(self.device), states)
+        logits = out.logits[0]
+        return Forward(logits if logits.device == self.device else logits.to(self.device), states)

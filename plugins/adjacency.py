@@ -39,6 +39,8 @@ class AdjacencyRetriever:
                  path: str | None = None) -> None:
         if k < 1 or not template or min(template) < 1:
             raise ValueError("recycling needs k >= 1 and a template of positive widths")
+        if vocab_size >= 1 << 24:  # ids travel to the host in float32, beside their probabilities
+            raise ValueError(f"recycling handles vocabularies below 2^24 tokens, not {vocab_size}")
         self.vocab_size, self.k, self.template = vocab_size, k, tuple(template)
         self._tokens = torch.zeros((vocab_size, k), dtype=torch.int32)  # host: the walk runs in NumPy
         self._probs = torch.zeros((vocab_size, k), dtype=torch.float32)  # host
@@ -76,7 +78,7 @@ class AdjacencyRetriever:
             block, start = data[list(last.values())], start + len(fed)
             width = update.shape[1] // 2
             rows = list(last)
-            table[rows, :width] = block[:, :width]  # exact: ids and float32 values travel as float64
+            table[rows, :width] = block[:, :width]  # exact: ids travel as float32 (vocab_size < 2^24)
             chances[rows, :width] = block[:, width:]
         self._pending = []
 
@@ -128,9 +130,12 @@ class AdjacencyRetriever:
         fed = [root, *step.tree.tokens()]
         if step.logits.shape[0] < len(fed):
             return
-        probs = torch.softmax(step.logits[-len(fed) :, : self.vocab_size].float(), dim=-1)  # the prefill: 1 row
+        logits = step.logits
+        if logits.shape != (len(fed), self.vocab_size):  # the prefill's: 1 row; a padded LM head: wider
+            logits = logits[-len(fed) :, : self.vocab_size]
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         values, ids = torch.topk(probs, min(self.k, probs.shape[-1]), dim=-1)
-        self._pending.append((fed, torch.cat([ids.double(), values.double()], dim=1)))
+        self._pending.append((fed, torch.cat([ids.to(torch.float32), values], dim=1)))  # ids < 2^24: exact
         self.updates += 1
         if len(self._pending) >= self.max_pending:
             self._flush()
@@ -149,7 +154,7 @@ class AdjacencyRetriever:
         nodes, tokens, scores = [ROOT], np.array([int(context[-1])]), np.ones(1)
         for width in self.template:
             q = chances[tokens].T.astype(np.float64)  # [k, F]: rank-major, so a stable sort breaks ties by rank
-            candidates = np.where(q > 0, q * scores, 0.0).ravel()
+            candidates = (q * scores).ravel()  # an empty entry (probability 0) stays 0
             order = np.argsort(-candidates, kind="stable")[:width]
             order = order[candidates[order] > 0]
             if not len(order):

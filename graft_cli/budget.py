@@ -91,7 +91,7 @@ class Calibration:
         ratios: dict[tuple[str, int], float] = {}
         nodes, scores, raws = tree.nodes, [], []
         for node in nodes:
-            key = (group or node.source, min(node.depth, DEPTHS))
+            key = (group or node.source, node.depth if node.depth < DEPTHS else DEPTHS)
             ratio = ratios.get(key)
             if ratio is None:
                 ratio = ratios[key] = (self.accepted[key] + self.prior) / (self.predicted[key] + self.prior)

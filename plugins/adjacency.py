@@ -159,7 +159,8 @@ class AdjacencyRetriever:
             order = order[candidates[order] > 0]
             if not len(order):
                 break
-            parents, tokens, scores = order % len(nodes), table[tokens].T.ravel()[order], candidates[order]
+            parents = order % len(nodes)  # candidate o is rank o // F of parent o % F
+            tokens, scores = table[tokens[parents], order // len(nodes)], candidates[order]
             nodes = [tree.add(nodes[p], t, self.name, s) for p, t, s in zip(parents.tolist(), tokens.tolist(),
                                                                           scores.tolist())]
             if len(tree) >= budget * 2:  # enough to choose the budget's best from

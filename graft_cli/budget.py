@@ -85,9 +85,10 @@ class Calibration:
         key = self._key(source, depth)
         return (self.accepted[key] + self.prior) / (self.predicted[key] + self.prior)
 
-    def apply(self, tree: Tree, group: str | None = None) -> Tree:
+    def apply(self, tree: Tree, group: str | None = None, in_place: bool = False) -> Tree:
         """The same tree with every node's conditional score (score / parent's score) corrected.
-        The shape is unchanged, so the copy is built in one pass (nothing to merge)."""
+        The shape is unchanged, so the copy is built in one pass (nothing to merge); ``in_place``: no copy, for
+        a caller that owns ``tree`` (a retriever's fresh lookup)."""
         ratios: dict[tuple[str, int], float] = {}
         nodes, scores, raws = tree.nodes, [], []
         for node in nodes:
@@ -103,6 +104,10 @@ class Calibration:
                 conditional = node.score / parent_raw if parent_raw > 0 else 0.0
                 scores.append(scores[node.parent] * min(1.0, conditional * ratio))
             raws.append(conditional)
+        if in_place:
+            for node, score, raw in zip(nodes, scores, raws):
+                node.score, node.raw = score, raw
+            return tree
         return tree.rescored(scores, raws)
 
     def observe(

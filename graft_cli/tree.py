@@ -53,7 +53,9 @@ class Tree:
         else:
             raise IndexError(f"parent {parent} is not in the tree")
         token = int(token)
-        kids = self._index.setdefault(parent, {})
+        kids = self._index.get(parent)
+        if kids is None:
+            kids = self._index[parent] = {}
         found = kids.get(token)
         if found is not None:
             node = nodes[found]

@@ -131,7 +131,7 @@ class AdjacencyRetriever:
         if step.logits.shape[0] < len(fed):
             return
         logits = step.logits
-        if logits.shape != (len(fed), self.vocab_size):  # the prefill's: 1 row; a padded LM head: wider
+        if logits.shape != (len(fed), self.vocab_size):  # more rows than fed, or an LM head padded wider
             logits = logits[-len(fed) :, : self.vocab_size]
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         values, ids = torch.topk(probs, min(self.k, probs.shape[-1]), dim=-1)

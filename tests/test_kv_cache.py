@@ -98,7 +98,8 @@ def test_one_block_holds_the_layers_that_fit_it_and_keep_moves_every_layer(share
     cache.keep(1, [0, 1, 3])  # row 1 stays, rows 2 and 4 move to 2 and 3
     for layer in cache.layers:
         assert layer.filled == 4
-        assert layer.keys[0, 0, :4, 0].tolist() == [0, 1, 2, 4] and layer.values[0, -1, :4, -1].tolist() == [0, -1, -2, -4]
+        assert layer.keys[0, 0, :4, 0].tolist() == [0, 1, 2, 4]
+        assert layer.values[0, -1, :4, -1].tolist() == [0, -1, -2, -4]
 
 class _Terminal(io.StringIO):
     def __init__(self, tty: bool) -> None:

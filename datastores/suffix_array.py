@@ -137,7 +137,7 @@ def write_shard_files(directory: Path, tokens_path: Path, vocab_size: int, progr
 # --- queries --------------------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)  # slots: a lookup makes dozens
 class Continuation:
     token: int
     parent: int  # index into Lookup.nodes, or -1 for a child of the root

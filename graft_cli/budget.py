@@ -85,13 +85,14 @@ class Calibration:
         key = self._key(source, depth)
         return (self.accepted[key] + self.prior) / (self.predicted[key] + self.prior)
 
-    def apply(self, tree: Tree, group: str | None = None) -> Tree:
+    def apply(self, tree: Tree, group: str | None = None, in_place: bool = False) -> Tree:
         """The same tree with every node's conditional score (score / parent's score) corrected.
-        The shape is unchanged, so the copy is built in one pass (nothing to merge)."""
+        The shape is unchanged, so the copy is built in one pass (nothing to merge); ``in_place``: no copy, for
+        a caller that owns ``tree`` (a retriever's fresh lookup)."""
         ratios: dict[tuple[str, int], float] = {}
         nodes, scores, raws = tree.nodes, [], []
         for node in nodes:
-            key = (group or node.source, min(node.depth, DEPTHS))
+            key = (group or node.source, node.depth if node.depth < DEPTHS else DEPTHS)
             ratio = ratios.get(key)
             if ratio is None:
                 ratio = ratios[key] = (self.accepted[key] + self.prior) / (self.predicted[key] + self.prior)
@@ -103,6 +104,10 @@ class Calibration:
                 conditional = node.score / parent_raw if parent_raw > 0 else 0.0
                 scores.append(scores[node.parent] * min(1.0, conditional * ratio))
             raws.append(conditional)
+        if in_place:
+            for node, score, raw in zip(nodes, scores, raws):
+                node.score, node.raw = score, raw
+            return tree
         return tree.rescored(scores, raws)
 
     def observe(
@@ -110,12 +115,12 @@ class Calibration:
     ) -> None:
         """For every calibrated node whose parent was accepted: its source's own estimate, and the outcome.
         Nodes deeper than ``horizon`` are left out (their outcome is unknown when the tree was not verified)."""
-        reached = {ROOT, *accepted_nodes}
         accepted = set(accepted_nodes)
-        for i, node in enumerate(tree.nodes):
-            if horizon is not None and node.depth > horizon:
-                continue
-            if node.parent in reached and node.raw == node.raw:  # NaN: not calibrated
+        nodes = tree.nodes
+        # only the children of the root and of accepted nodes were judged; in node order, so sums add up as before
+        for i in sorted(i for parent in (ROOT, *accepted_nodes) for i in tree.children(parent)):
+            node = nodes[i]
+            if (horizon is None or node.depth <= horizon) and node.raw == node.raw:  # NaN: not calibrated
                 key = self._key(group or node.source, node.depth)
                 self.predicted[key] += node.raw
                 self.accepted[key] += i in accepted

@@ -12,9 +12,13 @@ the context; and its length is a device tensor, which a host-side compaction wou
 return only the filled rows (so the model's masks, and graft's tree masks, keep the key length they have today)
 and count on the host.
 
-A forward that would pass the capacity (a caller that reserved too little) doubles the buffer once; requests whose
-caller reserves (``Target.prefill(ids, capacity=...)``) never reallocate. Each layer allocates on the device its
-first keys arrive on, so a model sharded by ``--device-map`` keeps every layer's cache next to the layer.
+All layers live in ONE block ``[layers, 2 (keys, values), batch, heads, capacity, head_dim]``, so compaction is a
+single gather and copy over every layer at once (two device calls a step, not four per layer). A layer whose keys
+do not fit that block (another device, dtype or shape), and every layer of a model sharded by ``--device-map``
+(``shared=False``), keeps a block of its own on the device its first keys arrive on, next to the layer.
+
+A forward that would pass the capacity (a caller that reserved too little) doubles it once; requests whose caller
+reserves (``Target.prefill(ids, capacity=...)``) never reallocate.
 """
 
 from __future__ import annotations
@@ -24,47 +28,35 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 
 class PositionLayer(CacheLayerMixin):
-    """One attention layer's keys and values in ``[batch, heads, capacity, head_dim]`` buffers; ``filled`` rows
-    are valid. The buffers survive between requests and are reallocated only to grow."""
+    """One attention layer's keys and values: ``[batch, heads, capacity, head_dim]`` views of its cache's block (or
+    of a block of its own); ``filled`` rows are valid. The blocks survive between requests and grow only."""
 
     is_sliding = False
     is_croppable = True
 
-    def __init__(self, capacity: int = 0) -> None:
+    def __init__(self, cache: PositionCache, number: int) -> None:
         super().__init__()
-        self.capacity = capacity
+        self.cache, self.number = cache, number
+        self.own: torch.Tensor | None = None  # [1, 2, batch, heads, capacity, head_dim] when not in the shared block
         self.filled = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Views of this layer's rows in its block (sized, or resized, to the cache's capacity)."""
         self.device = key_states.device
-        self.keys = key_states.new_empty((*key_states.shape[:2], self.capacity, key_states.shape[3]))
-        self.values = value_states.new_empty((*value_states.shape[:2], self.capacity, value_states.shape[3]))
+        kv = self.cache.storage(self, key_states)
+        self.keys, self.values = kv[0], kv[1]
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.is_initialized or self.keys.shape[2] < self.capacity:
-            self._allocate(key_states, value_states)
         end = self.filled + key_states.shape[2]
-        if end > self.keys.shape[2]:
-            self.capacity = max(end, 2 * self.keys.shape[2])
-            self._allocate(key_states, value_states)
+        if end > self.cache.capacity:
+            self.cache.capacity = max(end, 2 * self.cache.capacity)
+        if not self.is_initialized or self.keys.shape[2] != self.cache.capacity:
+            self.lazy_initialization(key_states, value_states)
         self.keys[:, :, self.filled : end] = key_states
         self.values[:, :, self.filled : end] = value_states
         self.filled = end
         return self.keys[:, :, :end], self.values[:, :, :end]
-
-    def _allocate(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """Fresh buffers of ``capacity`` rows, the filled rows copied over (none when a request starts)."""
-        old = (self.keys, self.values) if self.is_initialized else None
-        self.lazy_initialization(key_states, value_states)
-        if old is not None and self.filled:
-            self.keys[:, :, : self.filled] = old[0][:, :, : self.filled]
-            self.values[:, :, : self.filled] = old[1][:, :, : self.filled]
-
-    def move(self, start: int, index: torch.Tensor) -> None:
-        """Rows ``index`` (all at or past ``start``) to ``start, start + 1, ...``; the rest past them is dropped."""
-        self.keys[:, :, start : start + len(index)] = self.keys.index_select(2, index)
-        self.values[:, :, start : start + len(index)] = self.values.index_select(2, index)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.filled + query_length, 0
@@ -84,27 +76,59 @@ class PositionLayer(CacheLayerMixin):
 
 
 class PositionCache(Cache):
-    """A :class:`PositionLayer` per decoder layer, reserved per request."""
+    """A :class:`PositionLayer` per decoder layer over one shared block, reserved per request. ``shared=False``
+    (a sharded model): a block per layer, on the layer's device."""
 
-    def __init__(self, layers: int) -> None:
-        super().__init__(layers=[PositionLayer() for _ in range(layers)])
+    def __init__(self, layers: int, shared: bool = True) -> None:
+        super().__init__(layers=[PositionLayer(self, i) for i in range(layers)])
+        self.shared = shared
+        self.capacity = 0
+        self.block: torch.Tensor | None = None  # [layers, 2, batch, heads, capacity, head_dim]
 
     def reserve(self, capacity: int) -> None:
-        """Start a request of up to ``capacity`` positions: empty, and buffers of at least that many rows (held
-        ones are reused when big enough)."""
+        """Start a request of up to ``capacity`` positions: empty, and blocks of at least that many rows (held
+        ones are reused when big enough; bigger ones are made at the first forward, nothing copied)."""
+        if capacity > self.capacity:
+            self.capacity, self.block = capacity, None
+            for layer in self.layers:
+                layer.own = None
         for layer in self.layers:
             layer.filled = 0
-            layer.capacity = max(capacity, layer.capacity)
+
+    def storage(self, layer: PositionLayer, like: torch.Tensor) -> torch.Tensor:
+        """``layer``'s ``[2, batch, heads, capacity, head_dim]`` rows: in the shared block when ``like`` (its
+        keys) fits it, else in a block of its own; a block smaller than the capacity grows, its rows copied."""
+        block = self.block
+        if self.shared and (block is None or (block.device, block.dtype, block.shape[2:4], block.shape[5])
+                            == (like.device, like.dtype, like.shape[:2], like.shape[3])):
+            self.block = self._sized(block, len(self.layers), like)
+            return self.block[layer.number]
+        layer.own = self._sized(layer.own, 1, like)
+        return layer.own[0]
+
+    def _sized(self, block: torch.Tensor | None, layers: int, like: torch.Tensor) -> torch.Tensor:
+        if block is not None and block.shape[4] == self.capacity:
+            return block
+        grown = like.new_empty((layers, 2, like.shape[0], like.shape[1], self.capacity, like.shape[3]))
+        if block is not None:  # a forward passed the reserved capacity: the rows held so far come along
+            grown[:, :, :, :, : block.shape[4]] = block
+        return grown
 
     def keep(self, start: int, rows: list[int]) -> None:
         """Of the rows past ``start`` keep only ``start + r`` for ``r`` in ``rows`` (ascending), moved down to
-        ``start``; the cache then holds ``start + len(rows)`` rows. Only the kept rows move: the rest are simply
-        overwritten by the next forward."""
-        if rows != list(range(len(rows))):  # not a prefix of the block: move the accepted entries down
+        ``start``; the cache then holds ``start + len(rows)`` rows. Only kept rows not yet in place move (a leading
+        run 0, 1, 2, ... is: the root's row always, a whole chain accepted from its first node), in one gather and
+        one copy per block; the rest are simply overwritten by the next forward."""
+        placed = 0
+        while placed < len(rows) and rows[placed] == placed:
+            placed += 1
+        if placed < len(rows):
+            moved = len(rows) - placed
+            blocks = [b for b in (self.block, *(layer.own for layer in self.layers)) if b is not None]
             index: dict[torch.device, torch.Tensor] = {}
-            for layer in self.layers:  # a sharded model's layers keep their caches on their own devices
-                if layer.device not in index:
-                    index[layer.device] = torch.tensor([start + r for r in rows], device=layer.device)
-                layer.move(start, index[layer.device])
+            for block in blocks:  # a sharded model's layers keep their caches on their own devices
+                if block.device not in index:
+                    index[block.device] = torch.tensor([start + r for r in rows[placed:]], device=block.device)
+                block.narrow(4, start + placed, moved).copy_(block.index_select(4, index[block.device]))
         for layer in self.layers:
             layer.filled = start + len(rows)

@@ -9,8 +9,10 @@ over the visible GPUs, then the CPU, then disk. Inputs go to the input embedding
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import platform
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,15 +127,33 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map:
 
 
 def cpu_kernels(model: Any) -> None:
-    """The two measured fixes that make a tree of a few tokens cheap to verify on a CPU (docs/benchmarks.md,
+    """The measured fixes that make a tree of a few tokens cheap to verify on a CPU (docs/benchmarks.md,
     "CPU kernels"): faster linear kernels (graft_cli/cpu_linear.py), and grouped-query attention run by SDPA itself
     even under a tree mask (transformers otherwise copies the whole KV cache once per layer with ``repeat_kv``
-    whenever a mask is given; on CUDA that would cost the efficient kernels, so it is set for CPU runs only)."""
+    whenever a mask is given; on CUDA that would cost the efficient kernels, so it is set for CPU runs only); and
+    freed memory kept for the next step (:func:`reuse_freed_memory`)."""
     from graft_cli.cpu_linear import use_cpu_linears
 
     os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
     if next(model.parameters()).dtype == torch.float32:
         use_cpu_linears(model)
+    reuse_freed_memory()
+
+
+HEAP_BLOCK = 32 << 20  # allocations up to this size come from the heap (glibc's largest allowed)
+HEAP_SLACK = 256 << 20  # free memory the heap may keep for reuse before it gives memory back to the system
+
+
+def reuse_freed_memory() -> None:
+    """Keep freed memory for the next step, as CUDA's caching allocator does. glibc maps every large block afresh
+    and unmaps or trims it on free, so each step's logits (a 61-row block of a 49K vocabulary: 12 MB) fault their
+    pages in and give them back: 0.5-0.7 ms of kernel time a step on the host (docs/benchmarks.md, "Issue 12: host
+    overhead, the last costs"). Only on glibc; the setting is the process's, like its thread count."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return
+    libc = ctypes.CDLL(None)
+    libc.mallopt(-3, HEAP_BLOCK)  # M_MMAP_THRESHOLD: fixed, so it no longer adapts
+    libc.mallopt(-1, HEAP_SLACK)  # M_TRIM_THRESHOLD
 
 
 def stop_ids(loaded: Loaded) -> set[int]:

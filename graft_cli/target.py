@@ -46,7 +46,8 @@ class Target:
         self.device = input_device(model)
         self.dtype = next(model.parameters()).dtype
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        self.cache = PositionCache(config.num_hidden_layers)
+        # one KV block for all layers, unless the model is sharded (each layer's cache then stays on its device)
+        self.cache = PositionCache(config.num_hidden_layers, shared=len({p.device for p in model.parameters()}) == 1)
         self.length = 0  # tokens held in the cache
         self.chunk = max(1, chunk)
         self.progress = progress
@@ -133,4 +134,5 @@ class Target:
         """Logits and hidden states on the input device (a sharded model's last layers may sit elsewhere;
         ``.to`` is free when they do not)."""
         states = tuple(h[0].to(self.device) for h in out.hidden_states) if hidden else None
-        return Forward(out.logits[0].to(self.device), states)
+        logits = out.logits[0]
+        return Forward(logits if logits.device == self.device else logits.to(self.device), states)

@@ -15,7 +15,7 @@ import numpy as np
 ROOT = -1
 
 
-@dataclass
+@dataclass(slots=True)  # slots: hundreds are made every step
 class Node:
     token: int
     parent: int  # index of the parent node, or ROOT
@@ -53,7 +53,9 @@ class Tree:
         else:
             raise IndexError(f"parent {parent} is not in the tree")
         token = int(token)
-        kids = self._index.setdefault(parent, {})
+        kids = self._index.get(parent)
+        if kids is None:
+            kids = self._index[parent] = {}
         found = kids.get(token)
         if found is not None:
             node = nodes[found]
@@ -184,16 +186,19 @@ class Tree:
 
     def ancestor_mask(self) -> np.ndarray:
         """Boolean ``[N+1, N+1]``: row i may attend to column j (j is i, or an ancestor of i; the root is 0).
-        Built by walking every row up one level at a time: as many array steps as the tree is deep."""
+        Built by doubling: each row starts with itself and its parent, then takes in the rows of its 2^k-th
+        ancestor, covering twice as many levels each time: log2(depth) array steps."""
         n = len(self.nodes) + 1
-        up = np.zeros(n, dtype=np.int64)
+        up = np.zeros(n, dtype=np.int64)  # the root is its own parent, so jumps past it stay there
         up[1:] = self.parents()
         mask = np.zeros((n, n), dtype=bool)
         rows = np.arange(n)
-        at = rows.copy()
-        for _ in range(int(self.depths().max()) + 1):
-            mask[rows, at] = True
-            at = up[at]
+        mask[rows, rows] = True
+        mask[rows, up] = True
+        jump = up  # each row's 2^k-th ancestor; the mask covers 2^k levels up
+        while jump.any():
+            mask |= mask[jump]
+            jump = jump[jump]
         return mask
 
     def paths(self) -> list[list[int]]:

@@ -39,6 +39,8 @@ class AdjacencyRetriever:
                  path: str | None = None) -> None:
         if k < 1 or not template or min(template) < 1:
             raise ValueError("recycling needs k >= 1 and a template of positive widths")
+        if vocab_size >= 1 << 24:  # ids travel to the host in float32, beside their probabilities
+            raise ValueError(f"recycling handles vocabularies below 2^24 tokens, not {vocab_size}")
         self.vocab_size, self.k, self.template = vocab_size, k, tuple(template)
         self._tokens = torch.zeros((vocab_size, k), dtype=torch.int32)  # host: the walk runs in NumPy
         self._probs = torch.zeros((vocab_size, k), dtype=torch.float32)  # host
@@ -69,14 +71,15 @@ class AdjacencyRetriever:
         if not self._pending:
             return
         packed = self._pending[0][1] if len(self._pending) == 1 else torch.cat([p for _, p in self._pending])
-        data, start = packed.cpu(), 0
+        data, start = packed.to("cpu").numpy(), 0  # the one read; the rest is NumPy on the host
+        table, chances = self._arrays
         for fed, update in self._pending:  # in order, and within a step a token's last row: later writes win
             last = {token: row for row, token in enumerate(fed, start=start)}
             block, start = data[list(last.values())], start + len(fed)
             width = update.shape[1] // 2
             rows = list(last)
-            self._tokens[rows, :width] = block[:, :width].to(torch.int32)  # exact: ids and float32 values
-            self._probs[rows, :width] = block[:, width:].to(torch.float32)  # travel as float64
+            table[rows, :width] = block[:, :width]  # exact: ids travel as float32 (vocab_size < 2^24)
+            chances[rows, :width] = block[:, width:]
         self._pending = []
 
     # --- persistence ------------------------------------------------------------------------------------------
@@ -127,9 +130,12 @@ class AdjacencyRetriever:
         fed = [root, *step.tree.tokens()]
         if step.logits.shape[0] < len(fed):
             return
-        probs = torch.softmax(step.logits[-len(fed) :, : self.vocab_size].float(), dim=-1)  # the prefill: 1 row
+        logits = step.logits
+        if logits.shape != (len(fed), self.vocab_size):  # more rows than fed, or an LM head padded wider
+            logits = logits[-len(fed) :, : self.vocab_size]
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         values, ids = torch.topk(probs, min(self.k, probs.shape[-1]), dim=-1)
-        self._pending.append((fed, torch.cat([ids.double(), values.double()], dim=1)))
+        self._pending.append((fed, torch.cat([ids.to(torch.float32), values], dim=1)))  # ids < 2^24: exact
         self.updates += 1
         if len(self._pending) >= self.max_pending:
             self._flush()
@@ -148,12 +154,13 @@ class AdjacencyRetriever:
         nodes, tokens, scores = [ROOT], np.array([int(context[-1])]), np.ones(1)
         for width in self.template:
             q = chances[tokens].T.astype(np.float64)  # [k, F]: rank-major, so a stable sort breaks ties by rank
-            candidates = np.where(q > 0, q * scores, 0.0).ravel()
+            candidates = (q * scores).ravel()  # an empty entry (probability 0) stays 0
             order = np.argsort(-candidates, kind="stable")[:width]
             order = order[candidates[order] > 0]
             if not len(order):
                 break
-            parents, tokens, scores = order % len(nodes), table[tokens].T.ravel()[order], candidates[order]
+            parents = order % len(nodes)  # candidate o is rank o // F of parent o % F
+            tokens, scores = table[tokens[parents], order // len(nodes)], candidates[order]
             nodes = [tree.add(nodes[p], t, self.name, s) for p, t, s in zip(parents.tolist(), tokens.tolist(),
                                                                           scores.tolist())]
             if len(tree) >= budget * 2:  # enough to choose the budget's best from

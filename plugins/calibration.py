@@ -26,8 +26,9 @@ class LookupCalibration:
         self.pending: dict[int, tuple[Tree, str]] = {}  # context length -> the lookup made there, its group
 
     def apply(self, tree: Tree, context_length: int, group: str) -> Tree:
-        """``tree`` (a lookup's result at ``context_length``) with calibrated scores; remembered for observe."""
-        tree = self.calibration.apply(tree, group)
+        """``tree`` (a lookup's fresh result at ``context_length``, rescored in place) with calibrated scores;
+        remembered for observe."""
+        tree = self.calibration.apply(tree, group, in_place=True)
         self.pending[context_length] = (tree, group)
         return tree
 

@@ -40,11 +40,13 @@ class PromptLookup:
         self._extend(prompt)
 
     def _extend(self, tokens: Sequence[int]) -> None:
+        ends, low, high = self.ends, self.min_match, self.max_match
         for token in tokens:
             self.tokens.append(int(token))
             end = len(self.tokens) - 1
-            for n in range(self.min_match, min(self.max_match, end + 1) + 1):
-                self.ends[tuple(self.tokens[end - n + 1 : end + 1])].append(end)
+            tail = tuple(self.tokens[max(0, end + 1 - high) :])  # the longest n-gram ending here; shorter: its tails
+            for n in range(low, len(tail) + 1):
+                ends[tail[-n:]].append(end)
 
     def observe(self, step: Step) -> None:
         self.calibration.observe(step)

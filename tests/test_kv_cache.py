@@ -83,6 +83,24 @@ def test_a_cache_reserved_too_small_grows_and_keeps_its_rows():
     assert layer.filled == 4 and layer.keys[0, 0, :4, 0].tolist() == [0, 1, 3, 5]
 
 
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_one_block_holds_the_layers_that_fit_it_and_keep_moves_every_layer(shared):
+    cache = PositionCache(3, shared=shared)
+    cache.reserve(8)
+    rows = torch.arange(5.0)
+    shapes = [(1, 2, 5, 4), (1, 2, 5, 4), (1, 1, 5, 3)]  # the last layer's keys do not fit the first's block
+    for layer, shape in zip(cache.layers, shapes):
+        states = rows.reshape(1, 1, 5, 1).expand(shape).contiguous()
+        layer.update(states, -states)
+    assert (cache.block is not None) == shared
+    assert [layer.own is not None for layer in cache.layers] == [not shared, not shared, True]
+    cache.keep(1, [0, 1, 3])  # row 1 stays, rows 2 and 4 move to 2 and 3
+    for layer in cache.layers:
+        assert layer.filled == 4
+        assert layer.keys[0, 0, :4, 0].tolist() == [0, 1, 2, 4]
+        assert layer.values[0, -1, :4, -1].tolist() == [0, -1, -2, -4]
+
 class _Terminal(io.StringIO):
     def __init__(self, tty: bool) -> None:
         super().__init__()

@@ -180,7 +180,7 @@ class GraftProposer:
         """Every retriever's lookup, calibrated, merged into one pool."""
         pool = Tree()
         for retriever in self.retrievers:
-            found = self.calibration.apply(self._retrieve(retriever, context, room))
+            found = self._calibrated(retriever, self._retrieve(retriever, context, room))
             if not len(pool):  # the calibrated copy is ours: the first one is the pool
                 pool = found
             else:
@@ -198,6 +198,11 @@ class GraftProposer:
             merged.truncate(drafted + self.latency.best_count(drafted, sum(n.score for n in tree.nodes),
                                                               [n.score for n in new], overhead))
         return merged
+
+    def _calibrated(self, retriever: Retriever, found: Tree) -> Tree:
+        """One calibration layer per source: the proposer's, unless the retriever keeps its own (a copy either
+        way, so that the pool is the proposer's to change)."""
+        return found.copy() if retriever.calibrated else self.calibration.apply(found)
 
     def _retrieve(self, retriever: Retriever, context: Sequence[int], budget: int) -> Tree:
         """A retriever's lookup, or nothing when it fails (raises, or returns no Tree): a plugin never stops
@@ -235,7 +240,7 @@ class GraftProposer:
         for retriever in self.retrievers:
             if not retriever.stateless:
                 continue
-            sub = self.calibration.apply(self._retrieve(retriever, [*context, *tokens], room))
+            sub = self._calibrated(retriever, self._retrieve(retriever, [*context, *tokens], room))
             mapping = {ROOT: parent}
             for j, node in enumerate(sub.nodes):
                 mapping[j] = pool.add(mapping[node.parent], node.token, node.source, base * node.score, node.raw)

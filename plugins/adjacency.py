@@ -33,6 +33,7 @@ DEFAULT_TEMPLATE = (8, 10, 8, 6, 5, 4, 4, 4, 3)  # nodes per depth: 52 nodes, de
 class AdjacencyRetriever:
     name = "recycling"
     stateless = True  # a lookup reads only the last token: safe on speculative contexts
+    calibrated = False  # its scores are the target's probabilities; the proposer corrects them
     max_pending = 32  # updates held on the device before they are brought over anyway (memory stays bounded)
 
     def __init__(self, vocab_size: int, k: int = 8, template: Sequence[int] = DEFAULT_TEMPLATE,

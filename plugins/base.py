@@ -71,11 +71,12 @@ class Step:
 
 @runtime_checkable
 class Retriever(Protocol):
-    """Everything the engine uses of a retriever. ``stateless`` and ``close`` may be left out by a plugin
+    """Everything the engine uses of a retriever. ``stateless``, ``calibrated`` and ``close`` may be left out by a plugin
     (:func:`complete` gives it :class:`RetrieverDefaults`'); the rest is the plugin's own."""
 
     name: str
     stateless: bool  # whether retrieve() may be asked about any context (a speculative one: Graft(TAIL))
+    calibrated: bool  # whether its scores are already acceptance estimates it corrects itself (then not again)
 
     def start(self, prompt: Sequence[int]) -> None:
         """A new request begins with these prompt tokens."""
@@ -94,6 +95,7 @@ class RetrieverDefaults:
     """The members a retriever may leave out, as a base class to inherit from."""
 
     stateless = False  # lookups read the real context's state: not safe on a speculative one
+    calibrated = False  # the proposer corrects its scores by how often its nodes were accepted
 
     def close(self) -> None:
         """Nothing to save."""
@@ -105,6 +107,7 @@ class _Completed(RetrieverDefaults):
     def __init__(self, inner: Any) -> None:
         self.inner, self.name = inner, inner.name
         self.stateless = bool(getattr(inner, "stateless", False))
+        self.calibrated = bool(getattr(inner, "calibrated", False))
         self._close = getattr(inner, "close", None)
 
     def start(self, prompt: Sequence[int]) -> None:
@@ -124,6 +127,6 @@ class _Completed(RetrieverDefaults):
 def complete(retriever: Any) -> Retriever:
     """``retriever`` with every member of :class:`Retriever`: itself when it has them, else wrapped with the
     defaults for what it leaves out. Checked once, when a proposer takes it, so that the engine never probes."""
-    if hasattr(retriever, "stateless") and hasattr(retriever, "close"):
+    if all(hasattr(retriever, member) for member in ("stateless", "calibrated", "close")):
         return retriever
     return _Completed(retriever)

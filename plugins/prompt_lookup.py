@@ -24,6 +24,8 @@ from plugins.store import to_tree
 
 class PromptLookup:
     name = "prompt"
+    stateless = False  # its index is of the real context
+    calibrated = True  # by LookupCalibration, per matched length
 
     def __init__(self, min_match: int = 1, max_match: int = 8, max_length: int = 10, max_matches: int = 8) -> None:
         if not 1 <= min_match <= max_match:
@@ -32,7 +34,7 @@ class PromptLookup:
         self.max_length, self.max_matches = max_length, max_matches
         self.tokens: list[int] = []
         self.ends: dict[tuple[int, ...], list[int]] = defaultdict(list)  # n-gram -> positions of its last token
-        self.calibration = LookupCalibration()
+        self.calibration = LookupCalibration()  # its one calibration layer (the proposer adds none)
 
     def start(self, prompt: Sequence[int]) -> None:
         self.tokens = []

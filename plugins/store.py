@@ -73,12 +73,13 @@ class StoreRetriever(RetrieverDefaults):
 
     name = ""
     kind = ""
+    calibrated = True  # by LookupCalibration, per matched length
 
     def __init__(self, env: RetrieverEnv) -> None:
         self.index = open_datastore(env, self.name, self.kind)
         self.params = self.read_params(env)
         self.last = None  # the last lookup, for stats and debugging
-        self.calibration = LookupCalibration()
+        self.calibration = LookupCalibration()  # its one calibration layer (the proposer adds none)
 
     def read_params(self, env: RetrieverEnv) -> dict[str, Any]:
         raise NotImplementedError

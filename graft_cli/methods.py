@@ -132,8 +132,9 @@ def check_datastore(config: MethodConfig) -> None:
             raise GraftError(str(e)) from e
 
 
-def build(config: MethodConfig, loaded) -> GraftProposer:
-    """The proposer for ``config`` over the target ``loaded`` (a graft_cli.loading.Loaded)."""
+def build(config: MethodConfig, loaded, latency: LatencyModel | None = None) -> GraftProposer:
+    """The proposer for ``config`` over the target ``loaded`` (a graft_cli.loading.Loaded); ``latency``: the
+    measured verification costs when the caller has them (``--budget auto``), else the device's default."""
     check(config)
     method = config.method
     if config.budget == "auto":  # measured latency, tree size chosen per step (graft_cli/profile.py)
@@ -169,12 +170,13 @@ def build(config: MethodConfig, loaded) -> GraftProposer:
     env = RetrieverEnv(
         vocab_size=loaded.model.config.vocab_size, device=device, tokenizer=loaded.tokenizer, options=config.options
     )
-    latency, objective = LatencyModel.default(device), None
+    measured, objective = latency, None
+    latency = latency or LatencyModel.default(device)
     if drafter is not None and tree_mode(config) == "cost":
         from graft_cli.profile import cap, latency_model
 
         try:
-            latency = latency_model(loaded)  # measured once per model and device, then cached
+            latency = measured or latency_model(loaded)  # measured once per model and device, then cached
         except GraftError:  # a model built in memory has no checksum to file a profile under
             pass
         objective = Objective(latency, max_levels=depth)

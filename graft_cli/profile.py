@@ -227,6 +227,5 @@ def build_auto(config, loaded, build: Callable):
     if config.method == "ar":
         return build(replace(config, budget=0), loaded)
     latency = latency_model(loaded)
-    inner = build(replace(config, budget=cap(latency)), loaded)
-    inner.latency = latency  # the proposer's own choice of retrieved nodes uses the same measured costs
+    inner = build(replace(config, budget=cap(latency)), loaded, latency)  # its own choices use the same costs
     return AutoBudget(inner, latency)

@@ -118,9 +118,9 @@ def test_build_auto_wraps_the_method_at_the_cap(tiny_dir, tmp_path, monkeypatch)
     loaded = load_model(str(tiny_dir), "cpu")
     seen = []
 
-    def fake_build(config, loaded):
+    def fake_build(config, loaded, latency=None):
         seen.append(config.budget)
-        return methods.build(config, loaded)
+        return methods.build(config, loaded, latency)
 
     proposer = profile.build_auto(methods.MethodConfig("pld", "auto"), loaded, fake_build)
     assert isinstance(proposer, profile.AutoBudget) and seen == [15]

@@ -89,12 +89,14 @@ class Objective:
         return sum(self.draft_cost(r) for r in rows)
 
     # --- decisions ----------------------------------------------------------------------------------------------
-    def best(self, scores: np.ndarray, spent: float, line: np.ndarray = np.zeros(0)) -> Plan:
+    def best(self, scores: np.ndarray, spent: float, line: np.ndarray | None = None) -> Plan:
         """How many of ``scores`` (the drafter's own path probabilities, best first) to verify after ``spent``
         units of drafting, and the rate; ``line``: the probabilities along the best path, which count as
         calibrated (the rest as they are: siblings are rarely what the target picks)."""
         count = self.latency.best_count(0, 0.0, scores, overhead=spent)
-        gain = 1.0 + float(np.sum(scores[:count])) + float(np.sum(self.calibrated(line) - line))
+        gain = 1.0 + float(np.sum(scores[:count]))
+        if line is not None:
+            gain += float(np.sum(self.calibrated(line) - line))
         return Plan(count, gain / (spent + self.verify_cost(count)))
 
     def extend(self, frontier: np.ndarray, plan: Plan, spent: float) -> bool:

@@ -79,6 +79,8 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     console = console or Console(width=None if sys.stdout.isatty() else 200)
     err = err_console or Console(stderr=True)
     started = time.time()
+    if opts.report_only and not any(p.is_file() for p in runs_files(Path(opts.out))):  # before the dataset: not needed
+        raise GraftError(f"--report-only: no {runs_files(Path(opts.out))[0]} to report from")
     path = resolve_dataset(opts.dataset)
     questions = load_questions(path, opts.categories, opts.limit)
     categories = categories_of(questions)
@@ -141,8 +143,6 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     runs_path = runs_files(out_dir, opts.shard)[0]
     every_run = runs_files(out_dir)
     resume = opts.resume or opts.report_only
-    if opts.report_only and not any(p.is_file() for p in every_run):
-        raise GraftError(f"--report-only: no {every_run[0]} to report from")
     done = read_runs(every_run, fingerprints) if resume else {}
     if not resume:
         for p in [runs_path] if opts.shard else every_run:

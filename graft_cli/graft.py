@@ -162,18 +162,13 @@ class GraftProposer:
         return tree
 
     def _chain(self, pool: Tree) -> list[int]:
-        """The retrieved path worth checking in the draft's first forward: from the root, the best-scored child
-        while its path stays at least ``CHECK_FLOOR`` likely (a row the draft pays for that little is wasted)."""
-        chain, parent = [], ROOT
-        while len(chain) < CHECK_MAX:
-            kids = pool.children(parent)
-            if not kids:
+        """The retrieved path worth checking in the draft's first forward: its best path while that stays at
+        least ``CHECK_FLOOR`` likely (a row the draft pays for that little is wasted), ``CHECK_MAX`` at most."""
+        chain = []
+        for i in _best_path(pool)[:CHECK_MAX]:
+            if pool.nodes[i].score < CHECK_FLOOR:
                 break
-            best = max(kids, key=lambda i: pool.nodes[i].score)
-            if pool.nodes[best].score < CHECK_FLOOR:
-                break
-            chain.append(pool.nodes[best].token)
-            parent = best
+            chain.append(pool.nodes[i].token)
         return chain
 
     def _retrieved(self, context: Sequence[int], room: int) -> Tree:
@@ -181,7 +176,7 @@ class GraftProposer:
         pool = Tree()
         for retriever in self.retrievers:
             found = self._calibrated(retriever, self._retrieve(retriever, context, room))
-            if not len(pool):  # the calibrated copy is ours: the first one is the pool
+            if not len(pool) and not retriever.calibrated:  # the proposer's calibrated copy is ours: the pool
                 pool = found
             else:
                 pool.merge(found)
@@ -200,9 +195,9 @@ class GraftProposer:
         return merged
 
     def _calibrated(self, retriever: Retriever, found: Tree) -> Tree:
-        """One calibration layer per source: the proposer's, unless the retriever keeps its own (a copy either
-        way, so that the pool is the proposer's to change)."""
-        return found.copy() if retriever.calibrated else self.calibration.apply(found)
+        """One calibration layer per source: the proposer's (a copy), unless the retriever keeps its own (its
+        tree as it is: the retriever remembers it, so it is merged, never changed)."""
+        return found if retriever.calibrated else self.calibration.apply(found)
 
     def _retrieve(self, retriever: Retriever, context: Sequence[int], budget: int) -> Tree:
         """A retriever's lookup, or nothing when it fails (raises, or returns no Tree): a plugin never stops
@@ -257,7 +252,9 @@ class GraftProposer:
             done, self._step = self._step, None
             self.objective.measured(done.bucket, done.drafted, len(step.accepted), len(step.tree),
                                     verified_at - done.proposed_at, done.draft_s, done.draft_rows)
-            reached = next((i for i, (a, b) in enumerate(zip(done.line, accepted)) if a != b), min(len(done.line), len(accepted)))
+            reached = 0  # how far along the draft's best path the target accepted
+            while reached < min(len(done.line), len(accepted)) and done.line[reached] == accepted[reached]:
+                reached += 1
             self.objective.observe_draft(done.line_probs, reached)
         if self.trace:
             self.trace[-1]["accepted"] = Counter(step.tree.nodes[i].source for i in accepted)

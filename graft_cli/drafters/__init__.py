@@ -190,7 +190,7 @@ class TreeDrafter:
         # index -1, stays empty: the root's, so the root's children look it up like every other node
         rows = self.tree_rows + (cap - 1) * self.top_k
         ancestors = torch.zeros((rows + 1, rows), dtype=torch.bool, device=frontier.cum.device)
-        ancestors[: self.tree_rows, : self.tree_rows] = torch.ones_like(ancestors[: self.tree_rows, : self.tree_rows]).tril()
+        ancestors[: self.tree_rows, : self.tree_rows].fill_(True).tril_()  # a checked chain: each row sees those before
         frontier_cum, settled, line = [], False, []  # host copies, at the levels that read them
         self.levels, keep = 1, budget
         while True:
@@ -265,15 +265,15 @@ class TreeDrafter:
         device = logp.device
         tokens = torch.tensor(chain, dtype=torch.long, device=device)
         ids = self._from_target(tokens)  # draft ids; -1: a token the drafter cannot say
-        n = len(chain)
-        own = logp[:n].float().gather(1, ids.clamp(min=0)[:, None])[:, 0]
-        cum = torch.cumsum(torch.where(ids >= 0, own, torch.full_like(own, -math.inf)), 0)
-        nodes = torch.arange(n, device=device)
+        said, safe = ids >= 0, ids.clamp(min=0)
+        n, nodes = len(chain), torch.arange(len(chain), device=device)
+        own = logp[:n].float()[nodes, safe]  # each chain token's log-prob after its prefix
+        never = torch.full_like(own, -math.inf)
+        cum = torch.cumsum(torch.where(said, own, never), 0)
         pool.add(tokens, nodes - 1, cum)  # pool indices 0..n-1; node 0's parent is ROOT (-1)
         self.tree_rows = n
         others = logp.float().clone()
-        rows = torch.arange(n, device=device)
-        others[rows, ids.clamp(min=0)] = torch.where(ids >= 0, torch.full_like(own, -math.inf), others[rows, ids.clamp(min=0)])
+        others[nodes, safe] = torch.where(said, never, others[nodes, safe])
         first = self._children(pool, None, others[0])
         along = Frontier(nodes, cum, tokens, nodes + 1, nodes, nodes + 1)
         after = self._children(pool, along, others[1:], 0)

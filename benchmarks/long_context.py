@@ -127,10 +127,20 @@ def ab(args) -> None:
     ids = encode(loaded.tokenizer, ASK.format(text), raw=True)
     for context in [int(c) for c in args.contexts.split(",")]:
         after, before = Target(loaded.model), before_module.Target(loaded.model)
-        after.prefill(ids[:context])
-        for i, layer in enumerate(after.cache.layers):
-            before.cache.update(layer.keys[:, :, :context].clone(), layer.values[:, :, :context].clone(), i)
-        before.length = context
+        if args.prefill:  # each side prefills its own cache, timed
+            seconds = {}
+            for name, target in (("before", before), ("after", after)):
+                t0 = time.perf_counter()
+                target.prefill(ids[:context])
+                seconds[name] = time.perf_counter() - t0
+            print(f"context {context:5d}: prefill: before {context / seconds['before']:5.0f} tok/s, after "
+                  f"{context / seconds['after']:5.0f} tok/s, after/before time {seconds['after'] / seconds['before']:.3f}",
+                  flush=True)
+        else:
+            after.prefill(ids[:context])
+            for i, layer in enumerate(after.cache.layers):
+                before.cache.update(layer.keys[:, :, :context].clone(), layer.values[:, :, :context].clone(), i)
+            before.length = context
         times: dict[str, list[float]] = {"before": [], "after": []}
         at = context
         for step in range(args.steps + 1):  # the first round warms up
@@ -176,8 +186,10 @@ def main() -> None:
     sub.add_parser("datasets", parents=[model], help="write long-context bench datasets").add_argument(
         "--out", default="long-context")
     sub.add_parser("steps", parents=[stepped], help="time verification steps at several context lengths")
-    sub.add_parser("ab", parents=[stepped], help="this checkout's step against another's, alternated in one "
-                   "process").add_argument("--before", required=True)
+    p = sub.add_parser("ab", parents=[stepped], help="this checkout's step against another's, alternated in one "
+                   "process")
+    p.add_argument("--before", required=True)
+    p.add_argument("--prefill", action="store_true", help="also time each side's own prefill")
     p = sub.add_parser("prefill", parents=[timed], help="prefill tokens/s for several chunk sizes")
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--chunks", default="256,512,1024,4096")

@@ -48,7 +48,7 @@ def replay(proposer, prompt: list[int], output: list[int], verify_s) -> dict:
     """Decode ``output`` after ``prompt`` with ``proposer``: seconds proposing, seconds verifying (from
     ``verify_s(fed tokens)``), steps and draft forwards."""
     context = [*prompt, output[0]]  # the prefill gives the first token
-    proposer.start(prompt, Step(context, [output[0]], Tree(), list(range(len(prompt)))))
+    proposer.start(prompt, Step(context, [output[0]], Tree(), list(range(len(prompt)))), len(prompt) + len(output) + 256)
     stats = Stats()
     done, propose, verify, steps = 1, 0.0, 0.0, 0
     while done < len(output):

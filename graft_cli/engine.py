@@ -21,7 +21,8 @@ class Proposer(Protocol):
 
     wants_hidden: bool  # whether observe() needs the target's hidden states (EAGLE heads do)
 
-    def start(self, prompt: Sequence[int], prefill: Step) -> None: ...
+    def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
+        """A new request of up to ``capacity`` positions (what the target's cache reserved)."""
 
     def propose(self, context: Sequence[int], stats: Stats) -> Tree: ...
 
@@ -48,11 +49,12 @@ def decode(
     if max_new_tokens <= 0:
         return
     noise = None if sampling.greedy else Noise(0 if seed is None else seed, target.device)
-    out = target.prefill(list(prompt), proposer.wants_hidden, len(prompt) + max_new_tokens + ROOM)
+    capacity = len(prompt) + max_new_tokens + ROOM  # the caches of target and draft are reserved once
+    out = target.prefill(list(prompt), proposer.wants_hidden, capacity)
     first = pick(out.logits[-1], sampling, noise, 0)
     context = [*prompt, first]
     stats.times["prefill"] += perf_counter() - clock
-    proposer.start(prompt, Step(context, [first], Tree(), list(range(len(prompt))), out.logits, out.hidden))
+    proposer.start(prompt, Step(context, [first], Tree(), list(range(len(prompt))), out.logits, out.hidden), capacity)
     new = [first]
     while True:
         new = _clip(new, max_new_tokens - stats.new_tokens, stop_ids)

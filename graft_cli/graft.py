@@ -53,7 +53,9 @@ class Drafter(Protocol):
     levels: int  # tree levels the last draft grew (the trace records them)
     forward_rows: list[int]  # rows fed by each forward of the last draft (the objective measures their cost)
 
-    def start(self, prompt: Sequence[int], prefill: Step) -> None: ...
+    def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
+        """A new request that may reach ``capacity`` positions (prompt, new tokens and a tree): a drafter with a
+        cache reserves it now, so the request never reallocates."""
 
     def draft(self, context: Sequence[int], budget: int, stats: Stats, chain: Sequence[int] = (),
               objective: Objective | None = None) -> Tree:
@@ -99,10 +101,10 @@ class GraftProposer:
         self.objective = objective  # with a drafter: the cost-aware tree builder (else fixed depth and pruning)
         self._step: _Pending | None = None
 
-    def start(self, prompt: Sequence[int], prefill: Step) -> None:
+    def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
         self.trace = []
         if self.drafter:
-            self.drafter.start(prompt, prefill)
+            self.drafter.start(prompt, prefill, capacity)
         for retriever in self.retrievers:
             self._safely(retriever, "start", lambda: retriever.start(prompt))
             # the prefill is a target forward too (its last row: the root's)

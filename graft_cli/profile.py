@@ -201,8 +201,8 @@ class AutoBudget:
         self.wants_hidden = inner.wants_hidden
         self.chosen: list[int] = []  # tree nodes kept per step, across every generation
 
-    def start(self, prompt, prefill) -> None:
-        self.inner.start(prompt, prefill)
+    def start(self, prompt, prefill, capacity) -> None:
+        self.inner.start(prompt, prefill, capacity)
 
     def propose(self, context, stats):
         t0 = self.clock()

@@ -100,7 +100,7 @@ class StaticProposer:
 
     wants_hidden = False
 
-    def start(self, prompt, prefill) -> None:
+    def start(self, prompt, prefill, capacity) -> None:
         pass
 
     def observe(self, step) -> None:

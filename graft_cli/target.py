@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from graft_cli.attention import use_split_attention
 from graft_cli.kv_cache import PositionCache
 from graft_cli.tree import Tree
 
@@ -55,6 +56,8 @@ class Target:
         # FlashAttention cannot take a tree mask, but the prefill's plain causal mask suits it
         cuda = self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16)
         self.prefill_attention = "flash_attention_2" if cuda and find_spec("flash_attn") else None
+        if self.device.type == "cpu":  # every row of a step or a chunk sees the whole cache: split the attention
+            use_split_attention(model)
 
     @torch.inference_mode()
     def prefill(self, ids: list[int], hidden: bool = False, capacity: int | None = None) -> Forward:
@@ -70,7 +73,7 @@ class Target:
         with self._attention(self.prefill_attention):
             for start in range(0, len(ids), self.chunk):
                 out = self.model(input_ids=x[:, start : start + self.chunk], cache=self.cache, use_cache=True,
-                                 output_hidden_states=hidden, logits_to_keep=1)
+                                 output_hidden_states=hidden, logits_to_keep=1, visible=start)
                 if hidden:
                     states.append(tuple(h[0].to(self.device) for h in out.hidden_states))
                 if self.progress is not None:
@@ -104,6 +107,7 @@ class Target:
             cache=self.cache,
             use_cache=True,
             output_hidden_states=hidden,
+            visible=past,  # every row sees the whole cache (graft_cli/attention.py)
         )
         self.length = past + n
         return self._forward(out, hidden)
@@ -120,15 +124,16 @@ class Target:
 
     @contextmanager
     def _attention(self, implementation: str | None):
-        """Run a block under another attention implementation, then return to SDPA (which takes tree masks)."""
+        """Run a block under another attention implementation, then return to the one that takes tree masks."""
         if implementation is None:
             yield
             return
+        usual = self.model.config._attn_implementation
         self.model.set_attn_implementation(implementation)
         try:
             yield
         finally:
-            self.model.set_attn_implementation("sdpa")
+            self.model.set_attn_implementation(usual)
 
     def _forward(self, out, hidden: bool) -> Forward:
         """Logits and hidden states on the input device (a sharded model's last layers may sit elsewhere;

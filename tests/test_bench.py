@@ -84,8 +84,9 @@ class FakeConv(Conversation):
 
 
 class FakeRunner:
-    def __init__(self, name, wrong_on=None, speed=1.0, log=None, margins=None):
+    def __init__(self, name, wrong_on=None, speed=1.0, log=None, margins=None, first=None):
         self.name, self.wrong_on, self.speed, self.log, self.margins = name, wrong_on, speed, log, margins
+        self.first = first  # seconds to the first token (added to the wall time)
 
     def run(self, ids, max_new_tokens):
         if self.log is not None:
@@ -93,8 +94,9 @@ class FakeRunner:
         tokens = [(sum(ids) + i) % 50 + 1 for i in range(max_new_tokens)]
         if self.wrong_on is not None and ids[0] == self.wrong_on:
             tokens[2] += 1
-        return Turn(tokens, max_new_tokens / self.speed, [2] * (max_new_tokens // 2), max_new_tokens // 2,
-                    {"prompt": 4}, {"prompt": 2, "bonus": 2}, {"verify": 0.5}, 10.0, margins=self.margins)
+        return Turn(tokens, max_new_tokens / self.speed + (self.first or 0.0), [2] * (max_new_tokens // 2),
+                    max_new_tokens // 2, {"prompt": 4}, {"prompt": 2, "bonus": 2}, {"verify": 0.5}, 10.0,
+                    margins=self.margins, first_token_s=self.first, first_tokens=0)
 
 
 QUESTIONS = [Question(1, "a", ["one", "two!"]), Question(2, "a", ["three"]), Question(3, "b", ["four"])]
@@ -179,6 +181,23 @@ def test_summary_uses_spec_bench_speedup_and_pooled_tau():
     assert summary["a"]["fast"]["tau"] == 2.0 and summary["a"]["fast"]["questions"] == 2
     assert summary["overall"]["fast"]["accepted"] == {"prompt": 8, "bonus": 8}
     assert summary["overall"]["fast"]["nodes_per_step"] == 2.0
+
+
+def test_decoding_alone_leaves_out_the_time_to_the_first_token():
+    """A long prefill (here 2 s of every turn) hides a decoding speed-up; the decoding figures show it."""
+    from rich.console import Console
+
+    runners = [FakeRunner("ar", speed=10.0, first=2.0), FakeRunner("fast", speed=25.0, first=2.0)]
+    summary = summarize(execute(QUESTIONS, runners, FakeConv(), 4), ["ar", "fast"], ["a", "b"])
+    overall = summary["overall"]
+    assert overall["ar"]["decode_tokens_per_s"] == pytest.approx(10.0) and overall["ar"]["first_token_s"] == 2.0
+    assert overall["fast"]["decode_speedup"] == pytest.approx(2.5) and overall["fast"]["speedup"] < 1.5
+    console = Console(width=120, record=True)
+    console.print(table(summary, ["ar", "fast"], "t", decoding=True))
+    text = console.export_text()
+    assert "2.50x" in text and "decoding" in text
+    plain = summarize(execute(QUESTIONS, [FakeRunner("ar")], FakeConv(), 4), ["ar"], ["a"])  # no first-token times
+    assert plain["overall"]["ar"]["decode_tokens_per_s"] is None
 
 
 def test_summary_groups_mt_bench_like_spec_bench():

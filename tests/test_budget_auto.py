@@ -31,7 +31,7 @@ class _Inner:
         self.scores = scores
         self.observed = []
 
-    def start(self, prompt, prefill):
+    def start(self, prompt, prefill, capacity):
         pass
 
     def propose(self, context, stats):

@@ -338,7 +338,7 @@ def test_tensor_pool_matches_the_per_node_algorithm_on_a_tiny_model(schedule):
         rng = np.random.default_rng(3)
         prompt = rng.integers(0, VOCAB, 12).tolist()
         for drafter in (new, old):
-            drafter.start(prompt, None)
+            drafter.start(prompt, None, len(prompt) + 256)
         context = prompt + [int(rng.integers(0, VOCAB))]  # the prefill's token: the first root
         for step in range(6):
             tree, pool, fed = assert_same_draft(new, old, context, int(rng.integers(4, 40)))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from graft_cli.drafters.draft_model import DraftModelDrafter
 from graft_cli.engine import decode
 from graft_cli.graft import GraftProposer
 from graft_cli.kv_cache import PositionCache
@@ -57,6 +58,21 @@ def test_many_compactions_match_a_fresh_forward_and_never_reallocate():
     logits = target.verify(context[-1], Tree()).logits[-1]
     fresh = model(torch.tensor([context])).logits[0, -1]
     torch.testing.assert_close(logits, fresh, atol=1e-4, rtol=1e-4)
+
+
+def test_the_draft_models_cache_is_reserved_once_per_request():
+    """The draft model's cache is sized by the request like the target's (prompt, new tokens, tree room): drafting
+    300 tokens past a short prompt never regrows it."""
+    model, draft = tiny_model(seed=7, max_position_embeddings=1024), tiny_model(seed=9, max_position_embeddings=1024)
+    prompt = np.random.default_rng(2).integers(0, VOCAB, 20).tolist()
+    drafter = DraftModelDrafter(draft, VOCAB, depth=4, top_k=3)
+    steps = decode(Target(model), GraftProposer(12, drafter=drafter), prompt, Sampling(), 300, set(), 0)
+    next(steps)
+    block = drafter.cache.cache.block
+    assert block.shape[4] >= 20 + 300
+    for _ in steps:
+        pass
+    assert drafter.cache.cache.block.data_ptr() == block.data_ptr()
 
 
 def test_chunked_prefill_equals_one_shot():

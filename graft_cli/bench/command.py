@@ -263,6 +263,8 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     n_questions = summary.get("overall", {}).get("ar", {}).get("questions", 0)
     title = f"{model_id} on {opts.dataset}: {n_questions} questions, {opts.max_new_tokens} new tokens, {device}"
     console.print(table(summary, names, title))
+    if summary.get("overall", {}).get("ar", {}).get("decode_tokens_per_s"):  # the prefill excluded
+        console.print(table(summary, names, f"decoding alone (after the first tokens): {title}", decoding=True))
     console.print(lossless_line(lossless), highlight=False)
     if opts.shard:
         err.print(f"graft bench: shard {opts.shard[0]}/{opts.shard[1]} in {out_dir}/{runs_path.name}; once every "

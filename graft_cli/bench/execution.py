@@ -61,6 +61,8 @@ def run_question(runner: Runner, question: Question, conv: Conversation, max_new
             "peak_mem_mb": round(turn.peak_mem_mb, 1) if turn.peak_mem_mb is not None else None,
             "budget_mean": turn.budget_mean,
             "draft_forwards": turn.draft_forwards,
+            "first_token_s": None if turn.first_token_s is None else round(turn.first_token_s, 4),
+            "first_tokens": turn.first_tokens,
             **({"margins": turn.margins} if turn.margins is not None else {}),
             "text": answer,
             "tokens": turn.tokens,

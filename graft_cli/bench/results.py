@@ -22,7 +22,7 @@ def _aggregate(records: Sequence[dict]) -> dict:
     """One method's figures over some questions (Spec-Bench: speed per question, then the mean)."""
     import numpy as np
 
-    speeds, lengths, walls = [], [], []
+    speeds, lengths, walls, decode_speeds, firsts = [], [], [], [], []
     tokens = 0
     proposed: Counter = Counter()
     accepted: Counter = Counter()
@@ -35,6 +35,10 @@ def _aggregate(records: Sequence[dict]) -> dict:
         tokens += q_tokens
         walls.append(q_wall)
         speeds.append(q_tokens / q_wall if q_wall else 0.0)
+        if all(t.get("first_token_s") is not None for t in r["turns"]):  # decoding alone: after the first tokens
+            firsts += [t["first_token_s"] for t in r["turns"]]
+            rest = q_wall - sum(t["first_token_s"] for t in r["turns"])
+            decode_speeds.append((q_tokens - sum(t["first_tokens"] for t in r["turns"])) / rest if rest > 0 else 0.0)
         for t in r["turns"]:
             lengths += t["accept_lengths"]
             steps += t["steps"]
@@ -55,6 +59,9 @@ def _aggregate(records: Sequence[dict]) -> dict:
         "wall_s_per_question": round(float(np.mean(walls)), 3) if walls else 0.0,
         "tokens_per_s": round(float(np.mean(speeds)), 3) if speeds else 0.0,
         "tau": round(sum(lengths) / len(lengths), 3) if lengths else 1.0,
+        # time to the first tokens (the prefill, and for a peer its first step), and the speed after it
+        "first_token_s": round(float(np.mean(firsts)), 3) if firsts else None,
+        "decode_tokens_per_s": round(float(np.mean(decode_speeds)), 3) if len(decode_speeds) == len(records) else None,
         "steps": steps,
         "nodes_per_step": round(total_proposed / steps, 2) if steps and total_proposed else 0.0,
         "draft_forwards": draft_forwards,
@@ -92,9 +99,11 @@ def summarize(records: Sequence[dict], methods: Sequence[str], categories: Seque
     out = {}
     for group, qs in groups.items():
         row = {name: _aggregate([q[name] for q in qs]) for name in methods}
-        base = row.get("ar", {}).get("tokens_per_s") or 0.0
-        for name in methods:
-            row[name]["speedup"] = round(row[name]["tokens_per_s"] / base, 3) if base else None
+        for speed, ratio in (("tokens_per_s", "speedup"), ("decode_tokens_per_s", "decode_speedup")):
+            base = row.get("ar", {}).get(speed) or 0.0
+            for name in methods:
+                mine = row[name][speed]
+                row[name][ratio] = round(mine / base, 3) if base and mine is not None else None
         out[group] = row
     return out
 
@@ -166,12 +175,15 @@ def _cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-def table(summary: dict, methods: Sequence[str], title: str):
-    """Rich table: categories x methods, each cell the speedup over ar and tau (ar's cell: its tokens/s)."""
+def table(summary: dict, methods: Sequence[str], title: str, decoding: bool = False):
+    """Rich table: categories x methods, each cell the speedup over ar and tau (ar's cell: its tokens/s).
+    ``decoding``: the speeds after the first tokens (the prefill excluded), so the decoding speed-up shows alone."""
     from rich.table import Table
 
-    t = Table(title=title, caption="cell: speedup over ar (Spec-Bench: mean tok/s ratio) and τ (tokens per target "
-              "forward); ar: its mean tok/s", caption_justify="left")
+    speed, ratio = ("decode_tokens_per_s", "decode_speedup") if decoding else ("tokens_per_s", "speedup")
+    what = "decoding alone, after the first tokens: " if decoding else ""
+    t = Table(title=title, caption=f"cell: {what}speedup over ar (Spec-Bench: mean tok/s ratio) and τ (tokens per "
+              "target forward); ar: its mean tok/s", caption_justify="left")
     t.add_column("category")
     for name in methods:
         t.add_column(name, justify="right")
@@ -180,9 +192,9 @@ def table(summary: dict, methods: Sequence[str], title: str):
         for name in methods:
             m = row[name]
             if name == "ar":
-                cells.append(f"{m['tokens_per_s']:.2f} tok/s")
+                cells.append(f"{m[speed]:.2f} tok/s" if m[speed] is not None else "-")
             else:
-                sp = f"{m['speedup']:.2f}x" if m["speedup"] is not None else "-"
+                sp = f"{m[ratio]:.2f}x" if m[ratio] is not None else "-"
                 cells.append(f"{sp} τ{m['tau']:.2f}")
         t.add_row(group, *cells, end_section=group == list(summary)[-2] if len(summary) > 1 else False,
                   style="bold" if group == "overall" else None)

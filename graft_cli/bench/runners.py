@@ -30,6 +30,8 @@ class Turn:
     budget_mean: float | None = None  # mean tree nodes chosen per step under --budget auto
     draft_forwards: int = 0  # forwards of the draft model or head
     margins: list[float] | None = None  # plain decoding: each token's top-2 logit margin (graft_cli/lossless.py)
+    first_token_s: float | None = None  # seconds until the first new tokens came out (prefill and first step)
+    first_tokens: int = 0  # how many came out then
 
 
 class Runner(Protocol):
@@ -104,10 +106,13 @@ class EngineRunner:
         from graft_cli.stats import Stats
 
         stats = Stats()
+        tokens: list[int] = []
         with MemoryPeak(self.device) as mem:
             t0 = perf_counter()
-            tokens = [t for step in decode(self.target, self.proposer, ids, Sampling(), max_new_tokens, self.stop,
-                                           None, stats) for t in step]
+            for step in decode(self.target, self.proposer, ids, Sampling(), max_new_tokens, self.stop, None, stats):
+                if not tokens:
+                    first = perf_counter() - t0, len(step)
+                tokens += step
             _sync(self.device)
             wall = perf_counter() - t0
         budgets = stats.budgets
@@ -115,7 +120,7 @@ class EngineRunner:
             tokens, wall, list(stats.accept_lengths), stats.steps, dict(stats.proposed), dict(stats.accepted),
             {k: round(v, 4) for k, v in stats.times.items()}, mem.peak,
             round(sum(budgets) / len(budgets), 2) if budgets else None, stats.draft_forwards,
-            self.target.margins() if isinstance(self.target, MarginTarget) else None,
+            self.target.margins() if isinstance(self.target, MarginTarget) else None, *(first if tokens else (None, 0)),
         )
 
 
@@ -129,11 +134,14 @@ class _StepCounter:
     def __init__(self) -> None:
         self.lengths: list[int] = []
         self.prompt_seen = False
+        self.first_at: float | None = None  # perf_counter() when the first new tokens came
 
     def put(self, value) -> None:
         if not self.prompt_seen:
             self.prompt_seen = True
             return
+        if self.first_at is None:
+            self.first_at = perf_counter()
         self.lengths.append(int(value.numel()))
 
     def end(self) -> None:
@@ -179,7 +187,9 @@ class PeerRunner:
         # streams it as a step of its own, so drop it there for a comparable tau
         if not self.kwargs and lengths:
             lengths = lengths[1:]
-        return Turn(tokens, wall, lengths, len(lengths), peak_mem_mb=mem.peak)
+        first = (streamer.first_at - t0, streamer.lengths[0]) if streamer.first_at is not None else (None, 0)
+        return Turn(tokens, wall, lengths, len(lengths), peak_mem_mb=mem.peak, first_token_s=first[0],
+                    first_tokens=first[1])
 
     def close(self) -> None:
         """generate() keeps nothing across runs."""

@@ -152,7 +152,7 @@ class TreeDrafter:
         raise NotImplementedError
 
     # --- the protocol -------------------------------------------------------------------------------------------
-    def start(self, prompt: Sequence[int], prefill: Step) -> None:
+    def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
         self._forget()
         self.tree_rows = 0
 

@@ -81,7 +81,7 @@ class DraftCache(Target):
             prefix = torch.zeros((allowed.shape[0], past - tree_rows), dtype=self.dtype, device=self.device)
             mask = torch.cat([prefix, block], dim=1)[None, None]
         inputs = dict(input_ids=tokens.to(self.device)[None], position_ids=positions.to(self.device)[None],
-                      attention_mask=mask, cache=self.cache, use_cache=True)
+                      attention_mask=mask, cache=self.cache, use_cache=True, visible=past - tree_rows)
         if self.head is None:
             logits = self.model(**inputs, logits_to_keep=last).logits[0]
         else:
@@ -104,9 +104,9 @@ class DraftModelDrafter(TreeDrafter):
             self.column[self.vocab] = torch.arange(len(self.vocab), device=self.cache.device)
         self.root_position = 0
 
-    def start(self, prompt: Sequence[int], prefill: Step) -> None:
-        super().start(prompt, prefill)
-        self.cache.prefill(list(prompt))
+    def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
+        super().start(prompt, prefill, capacity)
+        self.cache.prefill(list(prompt), capacity=capacity)
 
     def _logp(self, logits: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(logits[..., : self.vocab_size].float(), dim=-1)

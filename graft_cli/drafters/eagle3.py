@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from graft_cli.drafters import TreeDrafter, positions
 from graft_cli.errors import GraftError
+from graft_cli.kv_cache import PositionCache
 from graft_cli.prune import PruneSchedule
 from plugins.base import Step
 
@@ -141,6 +142,7 @@ class Eagle3Head:
         device = embed.device
         self.inv_freq = rope_frequencies(cfg, device)
         self.act = ACTIVATIONS[cfg.act]
+        self.cache = PositionCache(1)
         self.reset()
 
     @property
@@ -151,17 +153,17 @@ class Eagle3Head:
     def dtype(self) -> torch.dtype:
         return self.w["fc.weight"].dtype
 
-    def reset(self) -> None:
-        c = self.cfg
-        self.keys = torch.zeros((c.kv_heads, 0, c.head_dim), dtype=self.dtype, device=self.device)
-        self.values = torch.zeros_like(self.keys)
+    def reset(self, capacity: int = 0) -> None:
+        """A new request of up to ``capacity`` rows: the cache is reserved once (position-addressed, as the
+        target's), so a forward writes only its own rows and no step copies the context's keys."""
+        self.cache.reserve(capacity)
 
     @property
     def length(self) -> int:
-        return self.keys.shape[1]
+        return self.cache.layers[0].filled
 
     def crop(self, length: int) -> None:
-        self.keys, self.values = self.keys[:, :length], self.values[:, :length]
+        self.cache.layers[0].crop(length - self.length)
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """Concatenated target features ``[T, 3·Ht]`` to the head's width."""
@@ -194,14 +196,10 @@ class Eagle3Head:
         k = F.linear(x, w["midlayer.self_attn.k_proj.weight"]).view(t, c.kv_heads, c.head_dim).transpose(0, 1)
         v = F.linear(x, w["midlayer.self_attn.v_proj.weight"]).view(t, c.kv_heads, c.head_dim).transpose(0, 1)
         q, k = self._rope(q, positions), self._rope(k, positions)
-        self.keys = torch.cat([self.keys, k], dim=1)
-        self.values = torch.cat([self.values, v], dim=1)
-        groups = c.heads // c.kv_heads
-        keys = self.keys.repeat_interleave(groups, dim=0)
-        values = self.values.repeat_interleave(groups, dim=0)
+        keys, values = self.cache.layers[0].update(k[None], v[None])
         bias = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         bias.masked_fill_(~allowed.to(self.device), torch.finfo(self.dtype).min)
-        attn = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=bias[None, None])[0]
+        attn = F.scaled_dot_product_attention(q[None], keys, values, attn_mask=bias[None, None], enable_gqa=True)[0]
         h = hidden + F.linear(attn.transpose(0, 1).reshape(t, c.heads * c.head_dim), w["midlayer.self_attn.o_proj.weight"])
         y = self._norm(h, "midlayer.post_attention_layernorm.weight")
         mlp = self.act(F.linear(y, w["midlayer.mlp.gate_proj.weight"])) * F.linear(y, w["midlayer.mlp.up_proj.weight"])
@@ -346,9 +344,9 @@ class Eagle3Drafter(TreeDrafter):
         index = torch.tensor(rows, device=hidden[0].device)
         return torch.cat([hidden[i].index_select(0, index) for i in self.layers], dim=-1)
 
-    def start(self, prompt: Sequence[int], prefill: Step) -> None:
-        super().start(prompt, prefill)
-        self.head.reset()
+    def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
+        super().start(prompt, prefill, capacity)
+        self.head.reset(capacity)
         self.committed = 0
         # pair (features at t, token t + 1): the prompt's positions with the next prompt token, the last with
         # the token the prefill chose

@@ -67,7 +67,9 @@ def datasets(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sources = {name: module_source(name) for name in MODULES}
-    for label, tokens in SIZES.items():
+    sizes = dict(SIZES) if not args.sizes else {
+        label: int(n) for label, n in (item.split("=") for item in args.sizes.split(","))}
+    for label, tokens in sizes.items():
         records = []
         for name, lines in sources.items():
             prompt, length = cut(tokenizer, lines, tokens)
@@ -183,8 +185,10 @@ def main() -> None:
     stepped.add_argument("--tree", type=int, default=16)
     stepped.add_argument("--accept", type=int, default=3)
     stepped.add_argument("--steps", type=int, default=10)
-    sub.add_parser("datasets", parents=[model], help="write long-context bench datasets").add_argument(
-        "--out", default="long-context")
+    p = sub.add_parser("datasets", parents=[model], help="write long-context bench datasets")
+    p.add_argument("--out", default="long-context")
+    p.add_argument("--sizes", default="", help="LABEL=TOKENS,... instead of 2k, 4k and 8k (e.g. 16k=16000 for a "
+                   "model with a longer window)")
     sub.add_parser("steps", parents=[stepped], help="time verification steps at several context lengths")
     p = sub.add_parser("ab", parents=[stepped], help="this checkout's step against another's, alternated in one "
                    "process")

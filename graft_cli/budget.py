@@ -24,29 +24,46 @@ DEFAULT_LATENCY = {
             64: 4.26},
     "cuda": {1: 1.0, 16: 1.0, 32: 1.02, 64: 1.08, 128: 1.35},
 }
+# What each context token past the curve's own cache (512 tokens) adds, in the same unit: to every forward, and per
+# fed token after the first. CPU: SmolLM2-135M, one thread, verification at 4K against a few hundred tokens
+# (docs/benchmarks.md, "Long context": one row 50 -> 86 ms, 17 rows 78 -> 200 ms). CUDA: not measured yet, so none.
+DEFAULT_PER_CONTEXT = {"cpu": (1.9e-4, 2.8e-5), "cuda": (0.0, 0.0)}
+DEFAULT_REFERENCE = 512
 
 
 @dataclass
 class LatencyModel:
-    """Target forward time by number of fed tokens (any unit; only ratios matter), interpolated linearly."""
+    """Target forward time by number of fed tokens (any unit; only ratios matter), interpolated linearly, over a
+    cache of ``reference`` tokens; past that, each context token adds ``per_context[0]`` to every forward and
+    ``per_context[1]`` per fed token after the first (attention reads the whole cache for every row, so at 4K
+    tokens a tree's extra rows cost several times what they cost at a few hundred). ``context``: the cache the
+    next verification runs over, set by the proposer every step."""
 
     points: dict[int, float]
+    per_context: tuple[float, float] = (0.0, 0.0)
+    reference: int = 320
+    context: int = 0
 
     @classmethod
     def default(cls, device: str) -> LatencyModel:
-        return cls(dict(DEFAULT_LATENCY["cuda" if device.startswith("cuda") else "cpu"]))
+        kind = "cuda" if device.startswith("cuda") else "cpu"
+        return cls(dict(DEFAULT_LATENCY[kind]), DEFAULT_PER_CONTEXT[kind], DEFAULT_REFERENCE)
 
     def __call__(self, n: int) -> float:
         return float(self.curve(np.array([n]))[0])
 
     def curve(self, ns: np.ndarray) -> np.ndarray:
-        """Latency at every count of ``ns`` in one pass: linear between the points, the last slope beyond them."""
+        """Latency at every count of ``ns`` in one pass: linear between the points, the last slope beyond them,
+        plus what the context past ``reference`` adds."""
         xs = np.array(sorted(self.points), dtype=np.float64)
         ys = np.array([self.points[x] for x in sorted(self.points)], dtype=np.float64)
         out = np.interp(ns, xs, ys)
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
         beyond = ns >= xs[-1]
         out[beyond] = ys[-1] + slope * (ns[beyond] - xs[-1])
+        longer = self.context - self.reference
+        if longer > 0:
+            out = out + longer * (self.per_context[0] + self.per_context[1] * (np.asarray(ns, dtype=np.float64) - 1))
         return out
 
     def best_count(self, fixed: int, fixed_gain: float, scores: Sequence[float], overhead: float = 0.0) -> int:

@@ -111,6 +111,7 @@ class GraftProposer:
             self._safely(retriever, "observe", lambda: retriever.observe(prefill))
 
     def propose(self, context: Sequence[int], stats: Stats) -> Tree:
+        self.latency.context = len(context)  # what a node costs depends on the cache it is verified over
         if self.objective is not None and self.drafter is not None and self.budget > 0:
             return self._retrieve_then_draft(context, stats)
         tree = self.drafter.draft(context, self.budget, stats) if self.drafter and self.budget > 0 else Tree()

@@ -30,9 +30,11 @@ if TYPE_CHECKING:
 CPU_SIZES = (1, 2, 4, 8, 16, 32, 64)
 CUDA_SIZES = (1, 2, 4, 8, 16, 32, 64, 96, 128)
 CONTEXT = 320  # tokens in the KV cache while measuring
+LONG_CONTEXT = 2048  # ... and again, for what the context adds (two sizes)
+LONG_SIZES = (1, 16)
 REPEATS = 5
 NOISY = 0.5  # timings spread above this: warn that the machine was busy
-PROFILE_VERSION = 3  # 3: CPU linears over packed oneDNN weights (graft_cli/cpu_linear.py); older profiles are remeasured
+PROFILE_VERSION = 4  # 4: what the context adds (per_context_s); 3: packed CPU linears; older profiles are remeasured
 
 
 def parse_budget(value: str | int | None) -> int | str | None:
@@ -157,6 +159,12 @@ def profile(loaded, refresh: bool = False, quiet: bool = False) -> dict:
     t0 = time.perf_counter()
     raw = measure(loaded.model, sizes, repeats=REPEATS)
     latency, noise = summarize(raw)
+    per_context = [0.0, 0.0]
+    if getattr(loaded.model.config, "max_position_embeddings", 0) >= LONG_CONTEXT + max(LONG_SIZES):
+        long, _ = summarize(measure(loaded.model, LONG_SIZES, context=LONG_CONTEXT, repeats=REPEATS))
+        one, wide = (long[n] - latency[n] for n in LONG_SIZES)  # what LONG_CONTEXT - CONTEXT tokens added
+        span = LONG_CONTEXT - CONTEXT
+        per_context = [max(0.0, one / span), max(0.0, (wide - one) / (span * (LONG_SIZES[1] - 1)))]
     if noise > NOISY and not quiet:
         print(f"graft: warning: the machine was busy while measuring (timings spread {noise:.0%}); the profile "
               f"may be off: remeasure later with GRAFT_REPROFILE=1", file=sys.stderr)
@@ -172,6 +180,8 @@ def profile(loaded, refresh: bool = False, quiet: bool = False) -> dict:
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "measure_s": round(time.perf_counter() - t0, 2),
         "latency_s": {str(n): round(t, 6) for n, t in latency.items()},
+        # seconds each context token past context_tokens adds: to every forward, and per fed token after the first
+        "per_context_s": [float(f"{x:.4g}") for x in per_context],
         "noise": round(noise, 3),
         "timings_s": {str(n): [round(t, 6) for t in ts] for n, ts in raw.items()},
     }
@@ -185,7 +195,8 @@ def profile(loaded, refresh: bool = False, quiet: bool = False) -> dict:
 
 def latency_model(loaded, refresh: bool = False, quiet: bool = False) -> LatencyModel:
     data = profile(loaded, refresh, quiet)
-    return LatencyModel({int(n): float(t) for n, t in data["latency_s"].items()})
+    return LatencyModel({int(n): float(t) for n, t in data["latency_s"].items()}, tuple(data["per_context_s"]),
+                        int(data["context_tokens"]))
 
 
 def cap(latency: LatencyModel) -> int:
@@ -205,6 +216,7 @@ class AutoBudget:
         self.inner.start(prompt, prefill, capacity)
 
     def propose(self, context, stats):
+        self.latency.context = len(context)
         t0 = self.clock()
         tree = self.inner.propose(context, stats)
         spent = self.clock() - t0  # seconds, as the measured curve: the step's time, so each node costs less of it

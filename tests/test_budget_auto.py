@@ -78,6 +78,19 @@ def test_auto_budget_follows_the_cost_curve():
     assert len(steep.propose([1], Stats())) == 0
 
 
+def test_a_long_context_makes_every_extra_node_dearer():
+    """Past the curve's own cache each token adds to every forward and more per extra row: at 4K tokens a tree
+    is cut shorter than over a few hundred, and with no per-context costs the context changes nothing."""
+    latency = LatencyModel({1: 1.0, 16: 1.5, 32: 2.5}, per_context=(2e-4, 3e-5), reference=512)
+    scores = [0.9, 0.8, 0.5, 0.3, 0.2, 0.15, 0.1, 0.08, 0.05]
+    short = latency.best_count(0, 0.0, scores)
+    latency.context = 4096
+    assert latency(1) == pytest.approx(1.0 + 3584 * 2e-4) and latency(9) == pytest.approx(latency.points[1] + 8 / 15 * 0.5 + 3584 * (2e-4 + 8 * 3e-5))
+    assert latency.best_count(0, 0.0, scores) < short
+    flat = LatencyModel({1: 1.0, 16: 1.5, 32: 2.5}, context=4096)
+    assert flat.best_count(0, 0.0, scores) == short
+
+
 # --- the latency profile -----------------------------------------------------------------------------------------
 def test_profile_curve_takes_the_fastest_run_and_never_falls():
     curve, noise = profile.summarize({1: [0.1, 0.3, 0.1], 2: [0.5, 0.4, 0.6], 4: [0.2, 0.3, 0.25], 8: [0.9, 1.0, 0.9]})
@@ -98,6 +111,7 @@ def test_profile_is_measured_once_and_cached(tiny_dir, tmp_path, monkeypatch):
     assert len(files) == 1 and files[0].name.endswith(f"-cpu-{torch.get_num_threads()}t-float32.json")
     data = json.loads(files[0].read_text())
     assert data["latency_s"] and data["context_tokens"] == profile.CONTEXT
+    assert data["per_context_s"] == [0.0, 0.0]  # the tiny model's positions stop short of LONG_CONTEXT
 
     def boom(*a, **k):
         raise AssertionError("measured again")
@@ -107,6 +121,19 @@ def test_profile_is_measured_once_and_cached(tiny_dir, tmp_path, monkeypatch):
     assert profile.cap(latency) == 7
     with pytest.raises(AssertionError):
         profile.latency_model(loaded, refresh=True)
+
+
+def test_profile_measures_what_the_context_adds(tiny_dir, tmp_path, monkeypatch):
+    from graft_cli.loading import load_model
+
+    monkeypatch.setenv("GRAFT_HOME", str(tmp_path))
+    monkeypatch.setattr(profile, "CPU_SIZES", (1, 16))
+    monkeypatch.setattr(profile, "LONG_CONTEXT", 400)
+    timings = {profile.CONTEXT: {1: [1.0], 16: [2.0]}, 400: {1: [1.8], 16: [4.3]}}
+    monkeypatch.setattr(profile, "measure", lambda model, sizes, context=profile.CONTEXT, **k: timings[context])
+    latency = profile.latency_model(load_model(str(tiny_dir), "cpu"), quiet=True)
+    assert latency.reference == profile.CONTEXT
+    assert latency.per_context == pytest.approx((0.8 / 80, 1.5 / (80 * 15)))
 
 
 def test_build_auto_wraps_the_method_at_the_cap(tiny_dir, tmp_path, monkeypatch):

@@ -61,6 +61,7 @@ class MethodConfig:
     chain: bool = False  # draft one path (Graft(TAIL) with graft)
     rope_theta: float | None = None  # EAGLE-3 heads: the RoPE base the head was trained with
     draft_vocab: int | None = None  # draft models: score only the N lowest ids + special tokens (None/0: all)
+    draft_window: int | None = None  # draft models: prompt tokens read at most (None: the device's default; 0: all)
     tree: str | None = None  # "cost" (graft's default with a drafter: graft_cli/objective.py) or "fixed"
 
     def __post_init__(self) -> None:
@@ -71,6 +72,14 @@ class MethodConfig:
 def default_budget(device: str) -> int:
     """CPUs pay for every verified token; GPUs verify dozens for the price of one."""
     return 60 if device.startswith("cuda") else 16
+
+
+MIN_WINDOW = 64  # a draft window this short would leave the draft almost nothing to read
+
+
+def default_draft_window(device: str) -> int:
+    """A CPU pays for a draft model's prefill of a long prompt in full before the first token; a GPU hardly."""
+    return 0 if device.startswith("cuda") else 2048
 
 
 def default_depth(device: str) -> int:
@@ -106,6 +115,8 @@ def check(config: MethodConfig) -> None:
         raise GraftError("--chain needs a drafter (--draft)")
     if config.prune_at is not None and method == "dense":
         raise GraftError("--prune-at prunes the draft tree: use --method pruned or graft, not dense")
+    if config.draft_window is not None and (config.draft_window < 0 or 0 < config.draft_window <= MIN_WINDOW):
+        raise GraftError(f"--draft-window must be 0 (the whole prompt) or more than {MIN_WINDOW} tokens")
     if config.tree not in (None, "cost", "fixed"):
         raise GraftError(f"--tree must be 'cost' or 'fixed', got '{config.tree}'")
     if config.tree == "cost" and (method != "graft" or not config.draft):
@@ -162,7 +173,9 @@ def build(config: MethodConfig, loaded, latency: LatencyModel | None = None) -> 
             prune = PruneSchedule.parse(config.prune_at if config.prune_at is not None else default,
                                         default_floor(device))
         kind, spec = registry.parse_draft(config.draft)
-        env = registry.DrafterEnv(loaded, spec, depth, top_k, prune, config.chain, config.rope_theta, config.draft_vocab)
+        window = config.draft_window if config.draft_window is not None else default_draft_window(device)
+        env = registry.DrafterEnv(loaded, spec, depth, top_k, prune, config.chain, config.rope_theta, config.draft_vocab,
+                                  window)
         drafter = registry.load_drafter(kind, env)
     names = config.retrievers if config.retrievers is not None else list(RETRIEVERS[method])
     if config.retrievers is None and method == "graft" and config.options.peek("datastore"):

@@ -56,6 +56,7 @@ def test_a_closed_stdout_ends_a_jsonl_run_quietly(tiny_dir, tmp_path):
     (["--method", "nope"], "unknown method 'nope'"),
     (["--datastore", "no-such-store"], "no datastore named no-such-store"),
     (["--method", "rest"], "--method rest retrieves from a datastore"),
+    (["--draft", "x", "--draft-window", "10"], "--draft-window must be 0 (the whole prompt) or more than 64"),
 ])
 def test_method_and_datastore_are_checked_before_the_model_loads(argv, message, capsys, monkeypatch, tmp_path):
     import graft_cli.loading

@@ -105,6 +105,27 @@ def test_draft_cache_holds_exactly_the_context():
     assert drafter.cache.length == len(context)
 
 
+def test_a_windowed_draft_reads_the_sink_and_the_tail_and_stays_lossless():
+    """A prompt past --draft-window: the draft's cache holds its first SINK tokens and the last window - SINK at
+    positions from 0, then the generated tokens; its distribution is a fresh forward over exactly that; the output
+    is plain decoding's."""
+    from graft_cli.drafters.draft_model import SINK
+
+    target, draft = similar_draft("llama", 3)
+    prompt = np.random.default_rng(4).integers(0, VOCAB, 150).tolist()
+    truth = run(target, GraftProposer(0), prompt, 40)
+    drafter = DraftModelDrafter(draft, VOCAB, depth=4, top_k=2, window=100)
+    assert run(target, GraftProposer(10, [PromptLookup()], drafter=drafter), prompt, 40) == truth
+    context = prompt + truth
+    drafter._drop_tree([])
+    seen = context[:SINK] + context[SINK + 50 :]
+    logp, _ = drafter._root(context)
+    with torch.no_grad():
+        fresh = torch.log_softmax(draft(torch.tensor([seen])).logits[0, -1], dim=-1)
+    torch.testing.assert_close(logp, fresh, atol=1e-4, rtol=1e-4)
+    assert drafter.cache.length == len(seen) and drafter.skipped == 50
+
+
 def test_accepted_draft_rows_are_kept_not_refed():
     """With a draft equal to the target every drafted node is accepted; only the bonus token is fed again."""
     target = tiny_model("llama", seed=5)

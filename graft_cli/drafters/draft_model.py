@@ -11,6 +11,11 @@ tokenizers give their earliest, most frequent merges, plus the special tokens), 
 is a quarter of a 0.5B Qwen's weights. A token outside it is never drafted; the target still verifies everything,
 so output is unchanged. It is off by default: on a coding prompt with the Qwen pair (CPU), N = 32768 cut τ from
 6.18 to 5.07 and N = 65536 kept τ but saved only 6% of the draft time.
+
+With ``--draft-window N`` a prompt longer than N tokens is read by the draft as its first ``SINK`` tokens (which
+attention leans on, wherever the text goes) and its last ``N - SINK``, at positions counted from 0: at 8K tokens on a
+CPU the draft model's own prefill of the whole prompt delays the first token by a third of the target's prefill
+(docs/benchmarks.md, "Long context"). The retrievers still read all of the prompt, and the target verifies.
 """
 
 from __future__ import annotations
@@ -91,10 +96,16 @@ class DraftCache(Target):
         return logits
 
 
+SINK = 4  # leading prompt tokens a windowed draft keeps
+
+
 class DraftModelDrafter(TreeDrafter):
     def __init__(self, model: torch.nn.Module, vocab_size: int, depth: int = 6, top_k: int = 4,
-                 prune: PruneSchedule | None = None, chain: bool = False, vocab: torch.Tensor | None = None) -> None:
+                 prune: PruneSchedule | None = None, chain: bool = False, vocab: torch.Tensor | None = None,
+                 window: int = 0) -> None:
         super().__init__(depth, top_k, prune, chain)
+        self.window = window  # prompt tokens the draft reads at most (0: all)
+        self.skipped = 0  # context tokens after the sink that the draft never read: its row r >= SINK is r + skipped
         self.cache = DraftCache(model, vocab)
         self.vocab = None if vocab is None else vocab.to(self.cache.device)  # target id of each logit column
         self.vocab_size = vocab_size if vocab is None else len(vocab)  # draft logits past it are never proposed
@@ -106,7 +117,12 @@ class DraftModelDrafter(TreeDrafter):
 
     def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
         super().start(prompt, prefill, capacity)
-        self.cache.prefill(list(prompt), capacity=capacity)
+        ids = list(prompt)
+        self.skipped = 0
+        if self.window and len(ids) > self.window:
+            self.skipped = len(ids) - self.window
+            ids = ids[:SINK] + ids[SINK + self.skipped :]
+        self.cache.prefill(ids, capacity=capacity - self.skipped)
 
     def _logp(self, logits: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(logits[..., : self.vocab_size].float(), dim=-1)
@@ -123,18 +139,18 @@ class DraftModelDrafter(TreeDrafter):
     def _root_and_chain(self, context: Sequence[int], chain: list[int]) -> tuple[torch.Tensor, Any]:
         """One causal forward of what the cache has not seen of ``context`` followed by ``chain``: the chain's
         rows are the first tree rows, with exactly the keys and values a causal pass gives them."""
-        self.forward_rows.append(len(context) - self.cache.length + len(chain))
+        self.forward_rows.append(len(context) - self.skipped - self.cache.length + len(chain))
         return self._feed(context, chain), None
 
     def _feed(self, context: Sequence[int], chain: list[int]) -> torch.Tensor:
-        done = self.cache.length
-        if done >= len(context):  # the root is already cached (cannot happen in the loop: the bonus token is new)
+        done, end = self.cache.length, len(context) - self.skipped  # in the draft's own positions
+        if done >= end:  # the root is already cached (cannot happen in the loop: the bonus token is new)
             raise RuntimeError("draft cache is ahead of the context")
         device = self.cache.device
-        pending = torch.tensor([*context[done:], *chain], dtype=torch.long, device=device)
-        at = torch.arange(done, len(context) + len(chain), device=device)
+        pending = torch.tensor([*context[done + self.skipped :], *chain], dtype=torch.long, device=device)
+        at = torch.arange(done, end + len(chain), device=device)
         logits = self.cache.feed(pending, at, None, 0, last=len(chain) + 1)
-        self.root_position = len(context) - 1
+        self.root_position = end - 1
         return self._logp(logits)
 
     def _grow(self, tokens: torch.Tensor, states: Any, depth: int | torch.Tensor,
@@ -161,4 +177,4 @@ def make(env: DrafterEnv) -> DraftModelDrafter:
     size = target.model.config.vocab_size
     kept = draft_vocab(target.tokenizer, size, env.draft_vocab or 0)
     return DraftModelDrafter(loaded.model, size, depth=env.depth, top_k=env.top_k, prune=env.prune, chain=env.chain,
-                             vocab=kept)
+                             vocab=kept, window=env.draft_window or 0)

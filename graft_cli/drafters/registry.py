@@ -43,6 +43,7 @@ class DrafterEnv:
     chain: bool = False  # --chain: draft one path
     rope_theta: float | None = None  # --rope-theta (EAGLE-3 heads)
     draft_vocab: int | None = None  # --draft-vocab (draft models)
+    draft_window: int | None = None  # --draft-window (draft models): prompt tokens the draft reads at most
 
 
 def kinds() -> list[str]:

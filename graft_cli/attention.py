@@ -23,6 +23,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from graft_cli.limits import limits
+
 NAME = "graft_split"
 SPLIT_FROM = 1024  # visible keys below which the split's extra kernels cost more than they save (measured)
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -63,10 +65,8 @@ def split_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
 def use_split_attention(model: torch.nn.Module) -> bool:
     """Switch a CPU model from SDPA to :func:`split_attention` (registered with transformers under ``NAME``, its
     masks made as SDPA's); False (and nothing changed) for a model on another attention implementation or one
-    with sliding-window layers (their masks hide part of the prefix)."""
-    config = model.config
-    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    if config._attn_implementation != "sdpa" or any(kind != "full_attention" for kind in layer_types):
+    with sliding or chunked attention windows (their masks hide part of the prefix)."""
+    if model.config._attn_implementation != "sdpa" or limits(model.config).window is not None:
         return False
     if NAME not in AttentionInterface._global_mapping:
         AttentionInterface.register(NAME, split_attention)

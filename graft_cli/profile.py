@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from datastores.atomic import write_text_atomic
 from graft_cli.budget import LatencyModel
 from graft_cli.errors import GraftError
+from graft_cli.limits import limits
 
 if TYPE_CHECKING:
     from graft_cli.graft import GraftProposer
@@ -160,7 +161,8 @@ def profile(loaded, refresh: bool = False, quiet: bool = False) -> dict:
     raw = measure(loaded.model, sizes, repeats=REPEATS)
     latency, noise = summarize(raw)
     per_context = [0.0, 0.0]
-    if getattr(loaded.model.config, "max_position_embeddings", 0) >= LONG_CONTEXT + max(LONG_SIZES):
+    reach = limits(loaded.model.config).reach
+    if reach is None or reach >= LONG_CONTEXT + max(LONG_SIZES):
         long, _ = summarize(measure(loaded.model, LONG_SIZES, context=LONG_CONTEXT, repeats=REPEATS))
         one, wide = (long[n] - latency[n] for n in LONG_SIZES)  # what LONG_CONTEXT - CONTEXT tokens added
         span = LONG_CONTEXT - CONTEXT

@@ -7,6 +7,7 @@ source's own score, corrected online by how often that source's nodes were reall
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -37,34 +38,53 @@ class LatencyModel:
     cache of ``reference`` tokens; past that, each context token adds ``per_context[0]`` to every forward and
     ``per_context[1]`` per fed token after the first (attention reads the whole cache for every row, so at 4K
     tokens a tree's extra rows cost several times what they cost at a few hundred). ``context``: the cache the
-    next verification runs over, set by the proposer every step."""
+    next verification runs over, set by the proposer every step. ``points`` is replaced, never changed in place
+    (the interpolation table is cached by it)."""
 
     points: dict[int, float]
     per_context: tuple[float, float] = (0.0, 0.0)
     reference: int = 320
     context: int = 0
+    _cached: tuple | None = field(default=None, repr=False, compare=False)  # (points, xs, ys, last slope)
 
     @classmethod
     def default(cls, device: str) -> LatencyModel:
         kind = "cuda" if device.startswith("cuda") else "cpu"
         return cls(dict(DEFAULT_LATENCY[kind]), DEFAULT_PER_CONTEXT[kind], DEFAULT_REFERENCE)
 
-    def __call__(self, n: int) -> float:
-        return float(self.curve(np.array([n]))[0])
+    def __call__(self, n: float) -> float:
+        """Latency at one count: the scalar path (plain Python: the objective asks a few dozen times a step)."""
+        xs, ys, slope = self._table()
+        if n >= xs[-1]:
+            out = ys[-1] + slope * (n - xs[-1])
+        else:
+            i = max(bisect_right(xs, n), 1)
+            out = ys[0] if n <= xs[0] else ys[i - 1] + (ys[i] - ys[i - 1]) * (n - xs[i - 1]) / (xs[i] - xs[i - 1])
+        longer = self.context - self.reference
+        if longer > 0:
+            out += longer * (self.per_context[0] + self.per_context[1] * (n - 1))
+        return out
 
     def curve(self, ns: np.ndarray) -> np.ndarray:
         """Latency at every count of ``ns`` in one pass: linear between the points, the last slope beyond them,
         plus what the context past ``reference`` adds."""
-        xs = np.array(sorted(self.points), dtype=np.float64)
-        ys = np.array([self.points[x] for x in sorted(self.points)], dtype=np.float64)
+        xs, ys, slope = self._table()
         out = np.interp(ns, xs, ys)
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
         beyond = ns >= xs[-1]
         out[beyond] = ys[-1] + slope * (ns[beyond] - xs[-1])
         longer = self.context - self.reference
         if longer > 0:
             out = out + longer * (self.per_context[0] + self.per_context[1] * (np.asarray(ns, dtype=np.float64) - 1))
         return out
+
+    def _table(self) -> tuple[list[float], list[float], float]:
+        """The points as sorted lists and the last slope, rebuilt only when ``points`` is replaced."""
+        if self._cached is None or self._cached[0] is not self.points:
+            xs = [float(x) for x in sorted(self.points)]
+            ys = [float(self.points[x]) for x in sorted(self.points)]
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+            self._cached = (self.points, xs, ys, slope)
+        return self._cached[1:]
 
     def best_count(self, fixed: int, fixed_gain: float, scores: Sequence[float], overhead: float = 0.0) -> int:
         """How many of ``scores`` (best first) to verify on top of ``fixed`` nodes: max expected tokens/second.

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Sequence
 
 import numpy as np
@@ -139,10 +140,10 @@ class Objective:
         shape = sum(self.latency(r) for r in draft_rows) / self.latency(1)
         if verify_s > 0:
             self._units.append(verify_s / self.verify_cost(nodes))
-            self.unit = float(np.median(self._units))
+            self.unit = median(self._units)
         if shape and draft_s > 0:
             self._draft_units.append(draft_s / shape)
-            self.draft_unit = float(np.median(self._draft_units))
+            self.draft_unit = median(self._draft_units)
         key = (bucket, drafted)
         old = self.rates.get(key, (None, None, None))
         self.rates[key] = (_ema(old[0], tokens), _ema(old[1], self.verify_cost(nodes)), _ema(old[2], shape))

@@ -25,6 +25,23 @@ GPU each of those is a kernel launch of a few microseconds, about what a small C
 mode's own cost per call is measured at the start and subtracted. The clock is this thread's CPU time by default
 (``--clock wall`` for perf_counter): on a shared machine wall time mostly measures the neighbours.
 
+The forwards are played back, not run, by default. A CPU forward streams the model's weights (hundreds of MB)
+through this machine's caches, and the host code right after it runs several times slower on cold caches (a
+60-element list comprehension: 1.3 us warm, 30 us after a matmul over 128 MB; docs/benchmarks.md). A GPU's forward
+leaves the host's caches alone, so that slowdown does not transfer. So the run is done twice over one prompt set:
+
+1. **record**: the real decoding, every model forward run; its outputs and its writes to the KV caches (rows and
+   shapes) are kept;
+2. **replay**: the same decoding from the same start (a second proposer built alike), every forward replaced by
+   its recorded outputs and cache writes of zeros of the recorded shapes: the host code runs exactly as before,
+   minus the forwards. Only this pass is timed. Should a forward's input rows differ from the record, the replay
+   stops with an error: the timing would not be of the same decoding.
+
+Both passes run on a modelled clock (the engine's and the drafter's ``perf_counter``): a target forward costs
+``--target-ms`` times the CUDA latency curve, a draft forward ``--draft-share`` of that, and host code nothing. So
+the cost-aware decisions are the same in both passes, and they are the decisions a GPU's costs would make.
+``--in-run`` times the record pass instead: the forwards run inline, as they do on this CPU.
+
     python benchmarks/host_overhead.py --drafter model --threads 1
     python benchmarks/host_overhead.py --drafter eagle3 --threads 1
     python benchmarks/host_overhead.py --drafter none --threads 1
@@ -52,11 +69,14 @@ from torch.overrides import TorchFunctionMode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import graft_cli.drafters as drafters  # noqa: E402
+import graft_cli.graft as graft  # noqa: E402
 from graft_cli import engine  # noqa: E402
 from graft_cli.bench.datasets import load_questions, resolve_dataset  # noqa: E402
 from graft_cli.budget import LatencyModel  # noqa: E402
 from graft_cli.catalog.home import graft_home  # noqa: E402
 from graft_cli.catalog.resolve import resolve_model  # noqa: E402
+from graft_cli.kv_cache import PositionLayer  # noqa: E402
 from graft_cli.loading import encode, load_model, stop_ids  # noqa: E402
 from graft_cli.methods import MethodConfig, build  # noqa: E402
 from graft_cli.prune import DEFAULT as DEFAULT_PRUNE  # noqa: E402
@@ -69,6 +89,8 @@ PHASES = ("draft", "mask", "retrieve", "graft", "accept", "keep", "observe", "en
 FORWARD = "forward"
 DEVICE = "device"  # torch calls over vocabulary-sized tensors outside the forwards
 CORPUS = "corpus/alpaca_eval_outputs/gpt4.jsonl"  # under the shared data, beside the benchmark prompts
+METADATA = {"__get__", "size", "dim", "numel", "stride", "__len__", "is_contiguous", "data_ptr", "element_size",
+            "is_floating_point"}  # calls on a vocabulary-wide tensor that do no device work: never played back
 READS = ("item", "tolist", "cpu", "numpy", "__float__", "__bool__", "__int__", "__index__", "__array__")
 
 
@@ -85,6 +107,9 @@ class Phases(TorchFunctionMode):
         self.reads: Counter = Counter()
         self.calls: Counter = Counter()
         self.counting = False
+        self.tape: list | None = None  # vocabulary-wide calls' outputs, recorded (None: they run)
+        self.replaying = False  # ... and played back instead of run
+        self.at = 0
 
     def wrap(self, name: str, fn: Callable) -> Callable:
         @functools.wraps(fn)
@@ -119,7 +144,17 @@ class Phases(TorchFunctionMode):
         if phase != FORWARD and any(isinstance(a, torch.Tensor) and a.numel() >= self.big for a in args):
             self.enter(DEVICE)
             try:
-                return func(*args, **kwargs)
+                if self.tape is None or name in METADATA:
+                    return func(*args, **kwargs)
+                if self.replaying:
+                    if self.at >= len(self.tape) or self.tape[self.at][0] != name:
+                        raise SystemExit(f"host_overhead: the replay diverged at vocabulary-wide call {self.at} "
+                                         f"({name})")
+                    self.at += 1
+                    return self.tape[self.at - 1][1]
+                out = func(*args, **kwargs)
+                self.tape.append((name, out))
+                return out
             finally:
                 self.exit()
         return func(*args, **kwargs)
@@ -148,6 +183,92 @@ class Phases(TorchFunctionMode):
         self.counting = False
         self.reset()
         return max(counted - plain, 0.0) / (2 * n)
+
+
+class Replay:
+    """Model forwards recorded once (outputs and KV-cache writes), then played back without running them, on a
+    modelled clock that both passes share (see the module's docstring)."""
+
+    def __init__(self, target_s: float, draft_share: float) -> None:
+        self.target_s, self.draft_share = target_s, draft_share
+        self.curve = LatencyModel.default("cuda")
+        self.calls: list[tuple[int, Any, list]] = []  # (rows fed, outputs, cache writes) per outermost forward
+        self.replaying = False
+        self.at = 0  # the next recorded call to play back
+        self.now = 0.0  # the modelled clock (seconds)
+        self._writes: list | None = None  # the running forward's cache writes, while recording
+        self._zeros: dict = {}
+
+    def clock(self) -> float:
+        return self.now
+
+    def wrap(self, fn: Callable, target: bool, cache: Any) -> Callable:
+        """``fn`` recorded or played back; ``cache``: the PositionCache its writes go to (played back there: a
+        replay's proposer has caches of its own)."""
+
+        @functools.wraps(fn)
+        def forward(*args, **kwargs):
+            if self._writes is not None and not self.replaying:  # nested in a recorded forward: runs as part of it
+                return fn(*args, **kwargs)
+            rows = _rows(args, kwargs)
+            self.now += self.target_s * (1.0 if target else self.draft_share) * self.curve(rows)
+            if self.replaying:
+                return self._play(rows, cache)
+            self._writes = []
+            try:
+                out = fn(*args, **kwargs)
+                self.calls.append((rows, _copied(out), self._writes))
+            finally:
+                self._writes = None
+            return out
+
+        return forward
+
+    def _play(self, rows: int, cache: Any) -> Any:
+        if self.at >= len(self.calls) or self.calls[self.at][0] != rows:
+            want = self.calls[self.at][0] if self.at < len(self.calls) else "none"
+            raise SystemExit(f"host_overhead: the replay diverged at forward {self.at} ({rows} rows fed, {want} "
+                             "recorded): its timing would not be of the same decoding")
+        _, out, writes = self.calls[self.at]
+        self.at += 1
+        for number, shape, dtype, device in writes:
+            zeros = self._zeros.get((shape, dtype, device))
+            if zeros is None:
+                zeros = self._zeros[(shape, dtype, device)] = torch.zeros(shape, dtype=dtype, device=device)
+            PositionLayer.update.__wrapped__(cache.layers[number], zeros, zeros)
+        return out  # not a copy: every vocabulary-wide use of it is played back too, so nothing changes it
+
+    def recording(self) -> Callable:
+        """``PositionLayer.update`` that logs each write of a recorded forward (the replay repeats them)."""
+        update = PositionLayer.update
+
+        @functools.wraps(update)
+        def logged(layer, keys, values, *args, **kwargs):
+            if self._writes is not None:
+                self._writes.append((layer.number, tuple(keys.shape), keys.dtype, keys.device))
+            return update(layer, keys, values, *args, **kwargs)
+
+        return logged
+
+
+def _rows(args: tuple, kwargs: dict) -> int:
+    """Rows a forward feeds: its token ids' (or first tensor's) length."""
+    if isinstance(kwargs.get("input_ids"), torch.Tensor):  # a transformers model: [batch, rows]
+        return int(kwargs["input_ids"].shape[1])
+    x = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)  # the head's [rows, ...]
+    return 1 if x is None or not x.dim() else int(x.shape[0])
+
+
+def _copied(out: Any) -> Any:
+    """``out`` with every tensor in it cloned (caches and other objects shared): a played-back output is never
+    one a caller changed."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, dict):  # transformers' ModelOutput is one
+        return type(out)(**{k: _copied(v) for k, v in out.items()})
+    if isinstance(out, (tuple, list)):
+        return type(out)(_copied(v) for v in out)
+    return out
 
 
 def datastore(name: str, corpus: Path) -> str:
@@ -193,13 +314,18 @@ def random_head(root: Path, target: torch.nn.Module, draft_vocab: int, sharpness
     return f"eagle3:{root}"
 
 
-def instrument(phases: Phases, target: Target, proposer) -> None:
-    """Wrap the phase boundaries of the engine and the proposer, and every model forward."""
+def instrument_target(phases: Phases, replay: Replay, target: Target) -> None:
+    """Wrap the engine's phase boundaries and the target's forward."""
     wrap = phases.wrap
-    target.model.forward = wrap(FORWARD, target.model.forward)
+    target.model.forward = wrap(FORWARD, replay.wrap(target.model.forward, True, target.cache))
     target.verify = wrap("mask", target.verify)
     target.keep = wrap("keep", target.keep)
     engine.accept = wrap("accept", engine.accept)
+
+
+def instrument_proposer(phases: Phases, replay: Replay, proposer) -> None:
+    """Wrap the proposer's phase boundaries, and every forward of its drafter."""
+    wrap = phases.wrap
     proposer.propose = wrap("retrieve", proposer.propose)  # what propose does itself: pooling retrieved trees
     proposer._graft = wrap("graft", proposer._graft)
     proposer.observe = wrap("observe", proposer.observe)
@@ -213,11 +339,12 @@ def instrument(phases: Phases, target: Target, proposer) -> None:
         head = getattr(drafter, "head", None)
         if head is not None:  # EAGLE-3: the head's layer, its fusion of target features, its LM head
             for name in ("forward", "fuse", "logp"):
-                setattr(head, name, wrap(FORWARD, getattr(head, name)))
+                setattr(head, name, wrap(FORWARD, replay.wrap(getattr(head, name), False, head.cache)))
         else:
             model = drafter.cache.model
-            model.forward = wrap(FORWARD, model.forward)
-            model.get_decoder().forward = wrap(FORWARD, model.get_decoder().forward)
+            model.forward = wrap(FORWARD, replay.wrap(model.forward, False, drafter.cache.cache))
+            decoder = model.get_decoder()
+            decoder.forward = wrap(FORWARD, replay.wrap(decoder.forward, False, drafter.cache.cache))
 
 
 def main() -> int:
@@ -239,6 +366,13 @@ def main() -> int:
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="cpu: this thread's CPU time (steady on a shared machine; with --threads 1 it holds the "
                          "tensor work too); wall: perf_counter")
+    ap.add_argument("--in-run", action="store_true",
+                    help="time the forwards' own pass (they run inline, as on this CPU) instead of the replay")
+    ap.add_argument("--repeat", type=int, default=3, help="replays (each from a fresh proposer); the quietest is shown")
+    ap.add_argument("--target-ms", type=float, default=9.0,
+                    help="the modelled clock: a one-token target forward (an 8B model on a GPU: 8-10 ms)")
+    ap.add_argument("--draft-share", type=float, default=0.35,
+                    help="the modelled clock: a draft forward against a target forward of as many rows")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -250,52 +384,87 @@ def main() -> int:
     options = {}
     if "suffix-array" in retrievers:
         options["datastore"] = args.datastore or datastore("host-overhead", dataset.parents[1] / CORPUS)
-    with tempfile.TemporaryDirectory() as tmp:
-        draft = None
-        if args.drafter == "model":
-            draft = args.draft or args.model
-        elif args.drafter == "eagle3":
-            draft = random_head(Path(tmp), loaded.model, 32000, args.head_sharpness)
-        config = MethodConfig(args.method, budget=args.budget, retrievers=retrievers, options=options, draft=draft,
-                              depth=args.depth, draft_top_k=args.draft_top_k,
-                              prune_at=args.prune_at if args.method != "dense" else None)
-        proposer = build(config, loaded)
-    proposer.latency = LatencyModel.default("cuda")
+    tmp = tempfile.TemporaryDirectory()  # the EAGLE-3 head's files, for every pass's proposer
+    draft = None
+    if args.drafter == "model":
+        draft = args.draft or args.model
+    elif args.drafter == "eagle3":
+        draft = random_head(Path(tmp.name), loaded.model, 32000, args.head_sharpness)
+    config = MethodConfig(args.method, budget=args.budget, retrievers=retrievers, options=options, draft=draft,
+                          depth=args.depth, draft_top_k=args.draft_top_k,
+                          prune_at=args.prune_at if args.method != "dense" else None)
     target = Target(loaded.model)
     phases = Phases(thread_time if args.clock == "cpu" else perf_counter)
-    instrument(phases, target, proposer)
+    replay = Replay(args.target_ms / 1e3, args.draft_share)
+    instrument_target(phases, replay, target)
+    PositionLayer.update = replay.recording()
+    for module in (engine, graft, drafters):  # every clock a decision reads: the modelled one, in every pass
+        module.perf_counter = replay.clock
     stops = stop_ids(loaded)
 
-    def run(prompt: list[int], max_new: int) -> Stats:
-        stats = Stats()
-        steps = engine.decode(target, proposer, prompt, Sampling(), max_new, stops, stats=stats)
-        next(steps)  # the prefill and the proposer's start: not a step
-        phases.counting = True
-        wrap = phases.wrap("engine", lambda: [None for _ in steps])
-        wrap()
-        phases.counting = False
-        return stats
+    def proposer():
+        """A fresh proposer at the CUDA defaults: every pass starts from the same state."""
+        made = build(config, loaded)
+        made.latency = LatencyModel.default("cuda")
+        if made.objective is not None:  # the cost-aware builder as it runs on a GPU
+            made.objective.latency, made.objective.planned = made.latency, True
+        instrument_proposer(phases, replay, made)
+        return made
 
-    cost = phases.cost()
-    with phases:
-        run(prompts[0], 8)  # warm-up
+    def run(proposer, prompt: list[int], max_new: int) -> tuple[Stats, list[int]]:
+        stats, out = Stats(), []
+        steps = engine.decode(target, proposer, prompt, Sampling(), max_new, stops, stats=stats)
+        out.extend(next(steps))  # the prefill and the proposer's start: not a step
+        phases.counting = True
+        phases.wrap("engine", lambda: [out.extend(new) for new in steps])()
+        phases.counting = False
+        return stats, out
+
+    def one_pass(replaying: bool) -> tuple[Counter, Counter, Counter, int, int, list]:
+        replay.replaying, replay.at = replaying, 0
+        phases.replaying, phases.at = replaying, 0
+        made = proposer()
+        run(made, prompts[0], 8)  # warm-up
         phases.reset()
         steps = tokens = 0
+        texts = []
         for prompt in prompts:
-            stats = run(prompt, args.max_new_tokens)
+            stats, out = run(made, prompt, args.max_new_tokens)
             steps, tokens = steps + stats.steps, tokens + stats.new_tokens
+            texts.append(out)
+        made.close()
+        return Counter(phases.time), Counter(phases.reads), Counter(phases.calls), steps, tokens, texts
+
+    cost = phases.cost()
+    if not args.in_run:
+        phases.tape = []
+    with phases:
+        passes = [one_pass(False)]  # the record (timed itself with --in-run)
+        for _ in range(0 if args.in_run else args.repeat):
+            passes.append(one_pass(True))
+            if passes[-1][5] != passes[0][5]:
+                raise SystemExit("host_overhead: the replay produced other tokens than the record")
+    replay.calls.clear()
+    timed = passes[1:] or passes
+    for times, _, calls, *_ in timed:  # the counting's own cost is not the host's
+        for phase, n in calls.items():
+            times[phase] -= n * cost
+    totals = [sum(times[p] for p in PHASES) for times, *_ in timed]
+    times, reads, calls, steps, tokens, _ = timed[totals.index(min(totals))]  # the quietest pass
+    phases.time, phases.reads, phases.calls = times, reads, calls
+    tmp.cleanup()
 
     print(f"{args.model}, method {args.method}, drafter {args.drafter}{' ' + draft if draft else ''}, "
           f"budget {args.budget}, depth {args.depth}, draft top-k {args.draft_top_k}, retrievers {args.retrievers}; "
           f"{len(prompts)} Spec-Bench prompts ({args.categories}), {tokens} tokens in {steps} steps "
-          f"(tau {tokens / max(steps, 1):.2f}), threads {args.threads}, {args.clock} clock; counting costs "
+          f"(tau {tokens / max(steps, 1):.2f}), threads {args.threads}, {args.clock} clock, "
+          f"{'forwards run inline' if args.in_run else f'forwards played back, the quietest of {args.repeat} replays'}; "
+          f"counting costs "
           f"{1e6 * cost:.2f} us per torch call, subtracted")
-    for phase, calls in phases.calls.items():  # the counting's own cost is not the host's
-        phases.time[phase] -= calls * cost
     print(f"{'phase':<10}{'ms/step':>10}{'reads/step':>12}{'torch calls/step':>18}")
     host = sum(phases.time[p] for p in PHASES)
     syncs = sum(phases.reads[p] for p in PHASES)
-    for phase in (*PHASES, FORWARD, DEVICE):
+    for phase in (*PHASES, FORWARD, DEVICE, *sorted(k for k in phases.time if k not in PHASES and k not in (FORWARD, DEVICE))):
         note = {FORWARD: "  model forwards: excluded", DEVICE: "  vocabulary-wide tensor ops: excluded"}.get(phase, "")
         print(f"{phase:<10}{1e3 * phases.time[phase] / steps:>10.3f}{phases.reads[phase] / steps:>12.2f}"
               f"{phases.calls[phase] / steps:>18.1f}{note}")

@@ -46,6 +46,7 @@ class LatencyModel:
     reference: int = 320
     context: int = 0
     _cached: tuple | None = field(default=None, repr=False, compare=False)  # (points, xs, ys, last slope)
+    _spans: dict = field(default_factory=dict, repr=False, compare=False)  # (first, n, context) -> latencies
 
     @classmethod
     def default(cls, device: str) -> LatencyModel:
@@ -84,6 +85,7 @@ class LatencyModel:
             ys = [float(self.points[x]) for x in sorted(self.points)]
             slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
             self._cached = (self.points, xs, ys, slope)
+            self._spans.clear()
         return self._cached[1:]
 
     def best_count(self, fixed: int, fixed_gain: float, scores: Sequence[float], overhead: float = 0.0) -> int:
@@ -93,10 +95,22 @@ class LatencyModel:
         gains = np.empty(len(scores) + 1)
         gains[0] = 1.0 + fixed_gain
         gains[1:] = scores
-        gains = np.cumsum(gains)
-        rates = gains / (overhead + self.curve(np.arange(fixed + 1, fixed + len(scores) + 2, dtype=np.float64)))
+        np.cumsum(gains, out=gains)
+        rates = gains / (overhead + self._counts(fixed + 1, len(scores) + 1))
         rates[np.isnan(rates)] = -np.inf  # a NaN score never wins (nor does any count after it)
         return int(np.argmax(rates))
+
+    def _counts(self, first: int, n: int) -> np.ndarray:
+        """The latency of ``first, first + 1, ...`` (``n`` counts), kept while the points and the context stay:
+        the same few spans are asked for every step."""
+        self._table()  # new points drop the spans of the old
+        key = (first, n, self.context)
+        span = self._spans.get(key)
+        if span is None:
+            if len(self._spans) > 64:
+                self._spans.clear()
+            span = self._spans[key] = self.curve(np.arange(first, first + n, dtype=np.float64))
+        return span
 
 
 DEPTHS = 6  # depths from here on share one calibration entry

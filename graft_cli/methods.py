@@ -192,7 +192,8 @@ def build(config: MethodConfig, loaded, latency: LatencyModel | None = None) -> 
             latency = measured or latency_model(loaded)  # measured once per model and device, then cached
         except GraftError:  # a model built in memory has no checksum to file a profile under
             pass
-        objective = Objective(latency, max_levels=depth)
+        # off the CPU a read of the device stalls its queue: the depth is planned before each draft
+        objective = Objective(latency, max_levels=depth, planned=not str(device).startswith("cpu"))
         if config.budget is None:
             budget = cap(latency)  # the objective sizes every tree; the budget is only its ceiling
     return GraftProposer(budget, make_retrievers(names, env), drafter=drafter, latency=latency, tail=config.chain,

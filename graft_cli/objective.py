@@ -66,6 +66,8 @@ class Objective:
     confidence: float = CONFIDENCE_PRIOR
     rates: dict = field(default_factory=dict)  # (bucket, drafted) -> running (tokens, verify cost, draft forwards)
     visits: dict = field(default_factory=dict)  # (bucket, drafted) -> steps since that mode last ran there
+    planned: bool = False  # choose the depth before each draft (no read per level: a GPU's queue keeps going)
+    levels: int = 0  # planned: the levels the next draft grows (0: max_levels until a draft has been walked)
     power: float = 1.0  # the draft's calibration: a path the drafter gives probability p is accepted p ** power
     _fit: np.ndarray = field(default_factory=lambda: np.zeros(len(POWERS)))  # predicted draft tokens, per power
     _drafted: float = 0.0  # ... and accepted, decayed alike
@@ -109,6 +111,24 @@ class Objective:
         cost = self.draft_cost(len(frontier)) + self.verify_cost(plan.count + len(frontier)) - self.verify_cost(plan.count)
         base = plan.rate * (spent + self.verify_cost(plan.count))
         return (base + gain) / (spent + self.verify_cost(plan.count) + cost) > plan.rate
+
+    def replan(self, levels: Sequence[tuple[Sequence[float], Sequence[float]]], rows: Sequence[int]) -> int:
+        """A planned draft's levels, read once at its end: per level grown, the frontier's cumulative log-probs
+        and the pool's best then; ``rows``: the rows of each forward. The levels are walked as the per-level rule
+        walks them, and where it would have stopped is the next draft's depth (one level deeper when it would
+        have gone on). Returns how many of the pool's best nodes to keep."""
+        line, stop, plan = [], 0, Plan(0, 0.0)
+        for level, (cum, best) in enumerate(levels, start=1):
+            if cum:
+                if line:
+                    self.observe_confidence(line[-1], cum[0])
+                line.append(cum[0])  # the best path's newest node
+            spent = sum(self.draft_cost(r) for r in rows[:level])
+            plan = self.best(np.exp(np.array(best)), spent, np.exp(np.array(line)))
+            if not stop and (level >= self.max_levels or not self.extend(np.exp(np.array(cum)), plan, spent)):
+                stop = level
+        self.levels = stop or min(self.max_levels, len(levels) + 1)
+        return plan.count
 
     def bucket(self, retrieved: np.ndarray) -> int:
         """Retrieval's confidence this step: the expected accepted tokens of its own best tree, rounded."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -167,3 +168,16 @@ def test_generate_budget_auto_reports_the_chosen_budget(tiny_dir, tmp_path, caps
     assert len(list((tmp_path / "profiles").glob("*.json"))) == 1
     code, _, err = run_cli([*argv[:-2], "--budget", "many", "--prompt", "x"], capsys)
     assert code == 2 and "--budget must be 'auto'" in err
+
+
+def test_one_count_and_the_curve_agree():
+    """The scalar path (plain Python, asked dozens of times a step) is the array path's value at every count, and
+    a replaced set of points is seen at once."""
+    for latency in (LatencyModel.default("cpu"), LatencyModel({1: 1.0}),
+                    LatencyModel({1: 1.0, 16: 1.5, 32: 2.5}, per_context=(2e-4, 3e-5), reference=512, context=4096)):
+        for n in (0.5, 1, 2, 3, 7, 12.5, 16, 63, 64, 65, 300):
+            assert latency(n) == pytest.approx(float(latency.curve(np.array([float(n)]))[0]), abs=1e-12)
+    latency = LatencyModel({1: 1.0, 8: 2.0})
+    assert latency.best_count(0, 0.0, [0.9, 0.9, 0.9]) == 3
+    latency.points = {1: 1.0, 2: 10.0}
+    assert latency(2) == 10.0 and latency.best_count(0, 0.0, [0.9, 0.9, 0.9]) == 0

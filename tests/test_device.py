@@ -25,6 +25,7 @@ from graft_cli.drafters.draft_model import DraftModelDrafter
 from graft_cli.drafters.eagle3 import Eagle3Drafter, load_head
 from graft_cli.engine import decode
 from graft_cli.graft import GraftProposer
+from graft_cli.objective import Objective
 from graft_cli.prune import PruneSchedule
 from graft_cli.sampling import Sampling
 from graft_cli.target import Target
@@ -133,9 +134,9 @@ def drafts_under_discipline(target, proposer: GraftProposer, tokens: int = 30) -
     drafter = proposer.drafter
     inner = drafter.draft
 
-    def draft(context, budget, stats):
+    def draft(context, budget, stats, *args, **kwargs):
         before = mode.reads
-        tree = inner(context, budget, stats)
+        tree = inner(context, budget, stats, *args, **kwargs)
         per_draft.append((mode.reads - before, drafter.levels))
         return tree
 
@@ -158,6 +159,16 @@ def test_eagle3_drafting_stays_on_the_device(tmp_path):
     target = target_model(seed=2)
     per_draft = drafts_under_discipline(target, eagle3_proposer(tmp_path, target, budget=12))
     assert all(reads <= levels + 1 for reads, levels in per_draft)
+
+
+def test_a_planned_cost_aware_draft_reads_the_device_once():
+    """Off the CPU the cost-aware builder plans each draft's depth from the last one's walk: the levels, the
+    pool's best at each, the selected tree and the fed rows all come back in the draft's one read."""
+    proposer = draft_model_proposer("graft", budget=20)
+    proposer.objective = Objective(proposer.latency, max_levels=5, planned=True)
+    per_draft = drafts_under_discipline(tiny_model("llama", seed=1), proposer)
+    assert [reads for reads, _ in per_draft] == [1] * len(per_draft)
+    assert max(levels for _, levels in per_draft) > 1
 
 
 def test_a_dense_draft_that_cannot_settle_reads_the_device_once():

@@ -55,6 +55,21 @@ def test_the_best_count_and_the_next_level():
     assert not objective.extend(np.array([1.0, 1.0]), weak, 0.0)
 
 
+def test_a_planned_draft_walks_its_levels_after_one_read():
+    """The walk takes the per-level rule's decisions from the levels' read values: it stops where the rule stops
+    (that depth is the next draft's), or plans one level deeper when every level still paid."""
+    objective = Objective(FLAT, max_levels=6, planned=True)
+    sure, weak = [np.log(0.9)] * 2, [np.log(0.02)] * 2
+    pool = [np.log(0.9), np.log(0.8), np.log(0.7)]
+    count = objective.replan([(sure, pool[:2]), (sure, pool), (weak, pool), (weak, pool)], [1, 2, 2, 2])
+    assert objective.levels == 3  # the third level's frontier was not worth its forward
+    assert count == objective.best(np.exp(np.array(pool)), 4 * 0.35).count == 3
+    objective.replan([(sure, pool)] * 2, [1, 2])
+    assert objective.levels == 3  # every level paid: one deeper next time
+    objective.replan([(sure, pool)] * 6, [1] + [2] * 5)
+    assert objective.levels == 6  # never past max_levels
+
+
 def test_costs_come_from_measurements():
     objective = Objective(FLAT)
     assert objective.draft_cost(1) == pytest.approx(0.35)  # the prior, in one-token forwards
@@ -140,6 +155,23 @@ def test_cost_aware_graft_is_lossless_with_a_draft_model(kind):
         assert run(target, cost_proposer(drafter), prompt, 48, stats) == truth
         checked += len(seen)
     assert checked > 0  # retrieved chains really were checked
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.8, top_k=20)])
+def test_a_planned_cost_aware_draft_is_lossless(sampling):
+    """The GPU's mode (the depth planned before each draft, one read at its end) changes trees, never text."""
+    target, draft = similar_draft("llama", 1)
+    prompt = list(range(40, 52)) * 2
+    truth = run(target, GraftProposer(0), prompt, 40, sampling=sampling, seed=3)
+    drafter = DraftModelDrafter(draft, VOCAB, depth=24, top_k=2, prune=PruneSchedule((), 0.1))
+    proposer = cost_proposer(drafter)
+    proposer.objective.planned = True
+    levels = []
+    inner = drafter.draft
+    drafter.draft = lambda *a, **k: (levels.append(proposer.objective.levels), inner(*a, **k))[1]
+    stats = Stats()
+    assert run(target, proposer, prompt, 40, stats, sampling=sampling, seed=3) == truth
+    assert stats.draft_forwards > 0 and len(set(levels)) > 1  # the plan moved with what the drafts showed
 
 
 def test_cost_aware_graft_samples_the_same_text_as_plain_sampling():

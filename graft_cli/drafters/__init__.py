@@ -9,7 +9,9 @@ that the target accepts the whole path, comparable with a retriever's.
 The pool, the frontier and the tree masks are tensors on the drafter's device, so a draft costs the host a few
 kernel launches per level, not Python per node. The host reads the device once at the end (the selected nodes
 and the fed rows, in one transfer), plus once at each level where a stop decision is really open: a pruning
-checkpoint, the expansion floor, or a pool big enough that it may already be settled.
+checkpoint, the expansion floor, a pool big enough that it may already be settled, or the cost-aware builder's
+choice of depth. With a planned objective (on a GPU, where a read stalls the queue) the depth is chosen before
+the draft and nothing is read until the end (graft_cli/objective.py, ``Objective.replan``).
 
 The subclasses only say how to run one forward (:meth:`TreeDrafter._root` for the context, :meth:`_grow` for a
 level of the tree); the expansion, the pruning checkpoints, the chain mode and the bookkeeping of which tree
@@ -56,6 +58,13 @@ class Pool:
     def best(self, n: int) -> torch.Tensor:
         """The ``n`` best cumulative log-probs of the pool, best first (float64, for one read)."""
         return torch.topk(torch.cat([cum for _, _, cum in self.blocks]).double(), n).values
+
+    def best_at(self, sizes: Sequence[int], n: int) -> torch.Tensor:
+        """``[len(sizes), n]``: for each earlier size of the pool, the ``n`` best cumulative log-probs of its
+        nodes then (-inf past them), best first: a planned draft's levels, in one call."""
+        cum = torch.cat([cum for _, _, cum in self.blocks]).double()
+        then = torch.arange(cum.shape[0], device=cum.device)[None] < torch.tensor(sizes, device=cum.device)[:, None]
+        return torch.topk(torch.where(then, cum[None], -math.inf), n, dim=1).values
 
     def arrays(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return tuple(torch.cat(column) for column in zip(*self.blocks))  # type: ignore[return-value]
@@ -186,54 +195,61 @@ class TreeDrafter:
         pool = self._candidates = Pool()
         frontier, state_rows, fed = self._first_level(pool, context, list(chain))
         cap = self.depth if objective is None else objective.max_levels
+        planned = objective is not None and objective.planned and not self.chain
         # row r: the tree rows that the node fed at row r sees (its ancestors and itself); the extra last row,
         # index -1, stays empty: the root's, so the root's children look it up like every other node
         rows = self.tree_rows + (cap - 1) * self.top_k
         ancestors = torch.zeros((rows + 1, rows), dtype=torch.bool, device=frontier.cum.device)
         ancestors[: self.tree_rows, : self.tree_rows].fill_(True).tril_()  # a checked chain: each row sees those before
         frontier_cum, settled, line = [], False, []  # host copies, at the levels that read them
+        levels: list[tuple[torch.Tensor, int]] = []  # planned: each level's frontier (unread) and pool size
         self.levels, keep = 1, budget
         while True:
             level, deeper = self.levels - 1, self.levels < cap
-            chain_threshold = self.prune.chain_threshold(level) if self.chain and self.prune is not None else 0.0
-            point = self.prune.at(level) if self.prune is not None and not self.chain and objective is None else None
-            floor = self.prune.floor if deeper and self.prune is not None and not self.chain else 0.0
-            # only nodes of earlier levels can outscore the newest level's best, so a smaller pool cannot settle
-            may_settle = deeper and pool.earlier >= keep and objective is None
             ranked = min(budget, pool.size) if objective is not None else 0
-            if chain_threshold > 0 or point is not None or floor > 0 or may_settle or ranked:  # this level's read
-                read = [frontier.cum.double()]
-                if may_settle:
-                    read.append(pool.settled(keep, frontier.cum[0]).double()[None])
-                if ranked:
-                    read.append(pool.best(ranked))
-                host = torch.cat(read).tolist()
-                frontier_cum, settled = host[: len(frontier)], may_settle and host[len(frontier)] > 0
-            if chain_threshold > 0 and _prob(frontier_cum[0]) < chain_threshold:
-                keep = min(keep, pool.size - 1)  # keep the confident prefix: the newest node goes
-                break
-            if point is not None and self.prune.stops(level, max(frontier_cum)) is not None:
-                self.stopped_at, keep = point, self.prune.keep(point, budget)
-                break
-            if floor > 0:  # not worth a draft row; the frontier is sorted, so the worthy nodes lead
-                frontier = frontier.head(sum(1 for c in frontier_cum if c >= math.log(floor)))
-                frontier_cum = frontier_cum[: len(frontier)]
-            if objective is not None:  # expected tokens per second decide the depth, and the nodes kept
-                if frontier_cum:
-                    if line:
-                        objective.observe_confidence(line[-1], frontier_cum[0])
-                    line.append(frontier_cum[0])  # the best path's newest node
-                spent = objective.spent(perf_counter() - clock, self.forward_rows)
-                plan = objective.best(np.exp(np.array(host[len(host) - ranked :])), spent, np.exp(np.array(line)))
-                keep = plan.count
-                if not deeper or not objective.extend(np.exp(np.array(frontier_cum)), plan, spent):
+            if planned:  # the depth was chosen before the draft: nothing is read until the end
+                levels.append((frontier.cum, pool.size))
+                if not deeper or not len(frontier) or self.levels >= (objective.levels or cap):
                     break
-            elif not deeper:
-                break
-            if not len(frontier):
-                break
-            if may_settle and settled:  # no deeper node could make the cut: stop for free
-                break
+            else:
+                chain_threshold = self.prune.chain_threshold(level) if self.chain and self.prune is not None else 0.0
+                point = self.prune.at(level) if self.prune is not None and not self.chain and objective is None else None
+                floor = self.prune.floor if deeper and self.prune is not None and not self.chain else 0.0
+                # only nodes of earlier levels can outscore the newest level's best, so a smaller pool cannot settle
+                may_settle = deeper and pool.earlier >= keep and objective is None
+                if chain_threshold > 0 or point is not None or floor > 0 or may_settle or ranked:  # this level's read
+                    read = [frontier.cum.double()]
+                    if may_settle:
+                        read.append(pool.settled(keep, frontier.cum[0]).double()[None])
+                    if ranked:
+                        read.append(pool.best(ranked))
+                    host = torch.cat(read).tolist()
+                    frontier_cum, settled = host[: len(frontier)], may_settle and host[len(frontier)] > 0
+                if chain_threshold > 0 and _prob(frontier_cum[0]) < chain_threshold:
+                    keep = min(keep, pool.size - 1)  # keep the confident prefix: the newest node goes
+                    break
+                if point is not None and self.prune.stops(level, max(frontier_cum)) is not None:
+                    self.stopped_at, keep = point, self.prune.keep(point, budget)
+                    break
+                if floor > 0:  # not worth a draft row; the frontier is sorted, so the worthy nodes lead
+                    frontier = frontier.head(sum(1 for c in frontier_cum if c >= math.log(floor)))
+                    frontier_cum = frontier_cum[: len(frontier)]
+                if objective is not None:  # expected tokens per second decide the depth, and the nodes kept
+                    if frontier_cum:
+                        if line:
+                            objective.observe_confidence(line[-1], frontier_cum[0])
+                        line.append(frontier_cum[0])  # the best path's newest node
+                    spent = objective.spent(perf_counter() - clock, self.forward_rows)
+                    plan = objective.best(np.exp(np.array(host[len(host) - ranked :])), spent, np.exp(np.array(line)))
+                    keep = plan.count
+                    if not deeper or not objective.extend(np.exp(np.array(frontier_cum)), plan, spent):
+                        break
+                elif not deeper:
+                    break
+                if not len(frontier):
+                    break
+                if may_settle and settled:  # no deeper node could make the cut: stop for free
+                    break
             # one batched forward for the whole frontier, each node seeing its parent's rows and itself
             start, end = self.tree_rows, self.tree_rows + len(frontier)
             mask = ancestors[frontier.parent_rows, :end]
@@ -244,7 +260,15 @@ class TreeDrafter:
             self.tree_rows, self.levels = end, self.levels + 1
             fed.append(frontier.nodes)
             frontier = self._children(pool, frontier, logp, start)
-        tree = self._finish(pool, fed, keep)
+        ranked = min(budget, pool.size)
+        more = [torch.cat([f for f, _ in levels]).double(), pool.best_at([n for _, n in levels], ranked).flatten()] if planned else []
+        tree, read = self._finish(pool, fed, keep, more)
+        if planned:  # per level: the frontier's log-probs, and the pool's best then
+            widths = np.cumsum([0] + [len(f) for f, _ in levels])
+            best = read[widths[-1] :]
+            walked = [(read[widths[i] : widths[i + 1]], best[i * ranked : i * ranked + min(ranked, n)])
+                      for i, (_, n) in enumerate(levels)]
+            tree = tree.select(objective.replan(walked, self.forward_rows))
         stats.draft_forwards += len(self.forward_rows)
         stats.times["draft"] += perf_counter() - clock
         return tree
@@ -299,8 +323,10 @@ class TreeDrafter:
         which = best // per
         return Frontier(base + best, best_cum, tokens[best], which, start + which, parents.depth[which] + 1)
 
-    def _finish(self, pool: Pool, fed: list[torch.Tensor], keep: int) -> Tree:
-        """The selected tree, and the fed nodes' (pool index, parent, token): the draft's last read."""
+    def _finish(self, pool: Pool, fed: list[torch.Tensor], keep: int,
+                more: Sequence[torch.Tensor] = ()) -> tuple[Tree, list[float]]:
+        """The selected tree, and the fed nodes' (pool index, parent, token): the draft's last read, which also
+        brings ``more`` over (returned as one list)."""
         tokens, parents, cum = pool.arrays()
         chosen = pool.select(cum, keep)
         up = parents[chosen]
@@ -308,15 +334,15 @@ class TreeDrafter:
         fed_nodes = torch.cat(fed) if fed else chosen[:0]
         columns = [tokens[chosen], torch.where(up < 0, up, inside), cum[chosen],
                    fed_nodes, parents[fed_nodes], tokens[fed_nodes]]
-        read = torch.cat([column.double() for column in columns]).tolist()
+        read = torch.cat([column.double() for column in columns] + list(more)).tolist()
         n, m = chosen.shape[0], fed_nodes.shape[0]
         tree, index = Tree(), []
         for token, parent, logp in zip(read[:n], read[n : 2 * n], read[2 * n : 3 * n]):
             index.append(tree.add(ROOT if parent < 0 else index[int(parent)], int(token), SOURCE, _prob(logp)))
-        nodes, ups, fed_tokens = read[3 * n : 3 * n + m], read[3 * n + m : 3 * n + 2 * m], read[3 * n + 2 * m :]
+        nodes, ups, fed_tokens = read[3 * n : 3 * n + m], read[3 * n + m : 3 * n + 2 * m], read[3 * n + 2 * m : 3 * n + 3 * m]
         self.fed = {int(node): row for row, node in enumerate(nodes)}
         self._fed_children = {(int(up), int(token)): int(node) for node, up, token in zip(nodes, ups, fed_tokens)}
-        return tree
+        return tree, read[3 * n + 3 * m :]
 
     def _forget(self) -> None:
         self.fed, self._fed_children, self._candidates, self._pool = {}, {}, None, None

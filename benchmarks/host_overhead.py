@@ -28,14 +28,15 @@ mode's own cost per call is measured at the start and subtracted. The clock is t
 The forwards are played back, not run, by default. A CPU forward streams the model's weights (hundreds of MB)
 through this machine's caches, and the host code right after it runs several times slower on cold caches (a
 60-element list comprehension: 1.3 us warm, 30 us after a matmul over 128 MB; docs/benchmarks.md). A GPU's forward
-leaves the host's caches alone, so that slowdown does not transfer. So the run is done twice over one prompt set:
+leaves the host's caches alone, so that slowdown does not transfer. So the decoding is done more than once:
 
-1. **record**: the real decoding, every model forward run; its outputs and its writes to the KV caches (rows and
-   shapes) are kept;
-2. **replay**: the same decoding from the same start (a second proposer built alike), every forward replaced by
-   its recorded outputs and cache writes of zeros of the recorded shapes: the host code runs exactly as before,
-   minus the forwards. Only this pass is timed. Should a forward's input rows differ from the record, the replay
-   stops with an error: the timing would not be of the same decoding.
+1. **record**: the real decoding, every model forward run; its outputs, its writes to the KV caches (rows and
+   shapes) and the outputs of every vocabulary-wide call outside the forwards are kept;
+2. **replay** (``--repeat`` times, the quietest shown): the same decoding from the same start (a proposer built
+   alike), every forward replaced by its recorded outputs and cache writes of zeros of the recorded shapes, every
+   vocabulary-wide call by its recorded output: the host code runs exactly as before, minus the device's work.
+   Only the replays are timed. Should a forward's rows or a call differ from the record, or the tokens at the
+   end, the replay stops with an error: its timing would not be of the same decoding.
 
 Both passes run on a modelled clock (the engine's and the drafter's ``perf_counter``): a target forward costs
 ``--target-ms`` times the CUDA latency curve, a draft forward ``--draft-share`` of that, and host code nothing. So
@@ -63,6 +64,7 @@ from pathlib import Path
 from time import perf_counter, thread_time
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -428,13 +430,16 @@ def main() -> int:
         phases.reset()
         steps = tokens = 0
         texts = []
+        levels.clear()
         for prompt in prompts:
             stats, out = run(made, prompt, args.max_new_tokens)
             steps, tokens = steps + stats.steps, tokens + stats.new_tokens
             texts.append(out)
+            levels.extend(record["levels"] for record in made.trace if record["levels"])
         made.close()
         return Counter(phases.time), Counter(phases.reads), Counter(phases.calls), steps, tokens, texts
 
+    levels: list[int] = []  # draft levels of each step that drafted, in the last pass
     cost = phases.cost()
     if not args.in_run:
         phases.tape = []
@@ -457,14 +462,14 @@ def main() -> int:
     print(f"{args.model}, method {args.method}, drafter {args.drafter}{' ' + draft if draft else ''}, "
           f"budget {args.budget}, depth {args.depth}, draft top-k {args.draft_top_k}, retrievers {args.retrievers}; "
           f"{len(prompts)} Spec-Bench prompts ({args.categories}), {tokens} tokens in {steps} steps "
-          f"(tau {tokens / max(steps, 1):.2f}), threads {args.threads}, {args.clock} clock, "
+          f"(tau {tokens / max(steps, 1):.2f}; {len(levels)} drafts of {np.mean(levels) if levels else 0:.1f} levels), threads {args.threads}, {args.clock} clock, "
           f"{'forwards run inline' if args.in_run else f'forwards played back, the quietest of {args.repeat} replays'}; "
           f"counting costs "
           f"{1e6 * cost:.2f} us per torch call, subtracted")
     print(f"{'phase':<10}{'ms/step':>10}{'reads/step':>12}{'torch calls/step':>18}")
     host = sum(phases.time[p] for p in PHASES)
     syncs = sum(phases.reads[p] for p in PHASES)
-    for phase in (*PHASES, FORWARD, DEVICE, *sorted(k for k in phases.time if k not in PHASES and k not in (FORWARD, DEVICE))):
+    for phase in (*PHASES, FORWARD, DEVICE):
         note = {FORWARD: "  model forwards: excluded", DEVICE: "  vocabulary-wide tensor ops: excluded"}.get(phase, "")
         print(f"{phase:<10}{1e3 * phases.time[phase] / steps:>10.3f}{phases.reads[phase] / steps:>12.2f}"
               f"{phases.calls[phase] / steps:>18.1f}{note}")

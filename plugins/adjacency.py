@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from datastores.atomic import atomic_file
-from graft_cli.tree import ROOT, Tree
+from graft_cli.tree import Tree
 from plugins.base import RetrieverEnv, Step
 
 DEFAULT_TEMPLATE = (8, 10, 8, 6, 5, 4, 4, 4, 3)  # nodes per depth: 52 nodes, depth 9
@@ -147,12 +147,12 @@ class AdjacencyRetriever:
 
         A candidate's score is its path probability (0: no candidate, an empty table entry); ties go to the
         better rank, then to the earlier parent."""
-        tree = Tree()
         if budget <= 0 or not context:
-            return tree
+            return Tree()
         self._flush()
         table, chances = self._arrays
-        nodes, tokens, scores = [ROOT], np.array([int(context[-1])]), np.ones(1)
+        tokens, scores, width_now, total = np.array([int(context[-1])]), np.ones(1), 1, 0
+        found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per depth: tokens, parents, scores
         for width in self.template:
             q = chances[tokens].T.astype(np.float64)  # [k, F]: rank-major, so a stable sort breaks ties by rank
             candidates = (q * scores).ravel()  # an empty entry (probability 0) stays 0
@@ -160,13 +160,16 @@ class AdjacencyRetriever:
             order = order[candidates[order] > 0]
             if not len(order):
                 break
-            parents = order % len(nodes)  # candidate o is rank o // F of parent o % F
-            tokens, scores = table[tokens[parents], order // len(nodes)], candidates[order]
-            nodes = [tree.add(nodes[p], t, self.name, s) for p, t, s in zip(parents.tolist(), tokens.tolist(),
-                                                                          scores.tolist())]
-            if len(tree) >= budget * 2:  # enough to choose the budget's best from
+            parents = order % width_now  # candidate o is rank o // F of parent o % F
+            tokens, scores = table[tokens[parents], order // width_now], candidates[order]
+            found.append((tokens, parents + (total - width_now) if total else np.full(len(order), -1), scores))
+            width_now, total = len(order), total + len(order)
+            if total >= budget * 2:  # enough to choose the budget's best from
                 break
-        return tree.select(budget)
+        if not found:
+            return Tree()
+        columns = [np.concatenate(column).tolist() for column in zip(*found)]
+        return Tree.from_arrays(*columns, self.name).select(budget)
 
 
 def make(env: RetrieverEnv) -> AdjacencyRetriever:

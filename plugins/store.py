@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from graft_cli.errors import GraftError
-from graft_cli.tree import ROOT, Tree
+from graft_cli.tree import Tree
 from plugins.base import RetrieverDefaults, RetrieverEnv, Step
 from plugins.calibration import LookupCalibration, match_group
 
@@ -59,12 +59,7 @@ def open_datastore(env: RetrieverEnv, name: str, kind: str):
 
 def to_tree(nodes: Sequence[Any], source: str) -> Tree:
     """A store's continuation nodes (each with ``token``, ``parent`` index or -1, ``score``) as a Tree."""
-    tree = Tree()
-    where: list[int] = []
-    for node in nodes:
-        parent = ROOT if node.parent < 0 else where[node.parent]
-        where.append(tree.add(parent, node.token, source, node.score))
-    return tree
+    return Tree.from_arrays([n.token for n in nodes], [n.parent for n in nodes], [n.score for n in nodes], source)
 
 
 class StoreRetriever(RetrieverDefaults):

@@ -178,8 +178,7 @@ class TreeDrafter:
             self._pool = Tree()
             if self._candidates is not None and self._candidates.size:
                 tokens, parents, cum = (column.tolist() for column in self._candidates.arrays())
-                for token, parent, logp in zip(tokens, parents, cum):
-                    self._pool.add(parent, token, SOURCE, _prob(logp))
+                self._pool = Tree.from_arrays(tokens, parents, [_prob(c) for c in cum], SOURCE)
         return self._pool
 
     @torch.inference_mode()
@@ -309,7 +308,8 @@ class TreeDrafter:
     def _children(self, pool: Pool, parents: Frontier | None, logp: torch.Tensor, start: int = 0) -> Frontier:
         """Add each parent's ``top_k`` children (the root's, without ``parents``) to the pool; the best
         ``top_k`` of them are the next frontier. ``start``: the tree row of the parents' first."""
-        values, ids = torch.topk(logp.float(), min(self.top_k, logp.shape[-1]), dim=-1)  # [F, k], or [k]
+        logp = logp if logp.dtype == torch.float32 else logp.float()
+        values, ids = torch.topk(logp, min(self.top_k, logp.shape[-1]), dim=-1)  # [F, k], or [k]
         tokens = self._to_target(ids).flatten()
         if parents is None:
             first = torch.arange(values.shape[0], device=values.device)
@@ -336,9 +336,8 @@ class TreeDrafter:
                    fed_nodes, parents[fed_nodes], tokens[fed_nodes]]
         read = torch.cat([column.double() for column in columns] + list(more)).tolist()
         n, m = chosen.shape[0], fed_nodes.shape[0]
-        tree, index = Tree(), []
-        for token, parent, logp in zip(read[:n], read[n : 2 * n], read[2 * n : 3 * n]):
-            index.append(tree.add(ROOT if parent < 0 else index[int(parent)], int(token), SOURCE, _prob(logp)))
+        tree = Tree.from_arrays([int(t) for t in read[:n]], [int(p) for p in read[n : 2 * n]],
+                                [math.exp(c) for c in read[2 * n : 3 * n]], SOURCE)
         nodes, ups, fed_tokens = read[3 * n : 3 * n + m], read[3 * n + m : 3 * n + 2 * m], read[3 * n + 2 * m : 3 * n + 3 * m]
         self.fed = {int(node): row for row, node in enumerate(nodes)}
         self._fed_children = {(int(up), int(token)): int(node) for node, up, token in zip(nodes, ups, fed_tokens)}

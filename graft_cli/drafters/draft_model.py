@@ -77,15 +77,13 @@ class DraftCache(Target):
         """Feed ``tokens`` at ``positions``; without ``tree_mask`` they are causal (no tree rows may be cached
         before them), with it row i sees the context and the tree rows ``tree_mask[i]`` allows. Returns the
         logits of every row, or of the ``last`` rows."""
-        past = self.length
+        past, device = self.length, self.device
         mask = None
-        if tree_mask is not None:
-            allowed = tree_mask.to(self.device)
-            block = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-            block.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-            prefix = torch.zeros((allowed.shape[0], past - tree_rows), dtype=self.dtype, device=self.device)
-            mask = torch.cat([prefix, block], dim=1)[None, None]
-        inputs = dict(input_ids=tokens.to(self.device)[None], position_ids=positions.to(self.device)[None],
+        if tree_mask is not None:  # the context is visible to every row; the tree rows as tree_mask says
+            mask = torch.zeros((1, 1, tree_mask.shape[0], past + tree_mask.shape[1] - tree_rows), dtype=self.dtype,
+                               device=device)
+            mask[0, 0, :, past - tree_rows :].masked_fill_(~_on(tree_mask, device), torch.finfo(self.dtype).min)
+        inputs = dict(input_ids=_on(tokens, device)[None], position_ids=_on(positions, device)[None],
                       attention_mask=mask, cache=self.cache, use_cache=True, visible=past - tree_rows)
         if self.head is None:
             logits = self.model(**inputs, logits_to_keep=last).logits[0]
@@ -94,6 +92,11 @@ class DraftCache(Target):
             logits = F.linear(hidden[-last:] if last else hidden, *self.head)
         self.length = past + tokens.shape[0]
         return logits
+
+
+def _on(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``x`` on ``device``, without a call when it is there already (a draft level makes several)."""
+    return x if x.device == device else x.to(device)
 
 
 SINK = 4  # leading prompt tokens a windowed draft keeps
@@ -125,7 +128,9 @@ class DraftModelDrafter(TreeDrafter):
         self.cache.prefill(ids, capacity=capacity - self.skipped)
 
     def _logp(self, logits: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(logits[..., : self.vocab_size].float(), dim=-1)
+        if logits.shape[-1] != self.vocab_size:  # an LM head padded wider than the vocabulary
+            logits = logits[..., : self.vocab_size]
+        return torch.log_softmax(logits, dim=-1, dtype=torch.float32)
 
     def _to_target(self, ids: torch.Tensor) -> torch.Tensor:
         return ids if self.vocab is None else self.vocab[ids]

@@ -26,8 +26,8 @@ mode's own cost per call is measured at the start and subtracted. The clock is t
 (``--clock wall`` for perf_counter): on a shared machine wall time mostly measures the neighbours.
 
 The forwards are played back, not run, by default. A CPU forward streams the model's weights (hundreds of MB)
-through this machine's caches, and the host code right after it runs several times slower on cold caches (a
-60-element list comprehension: 1.3 us warm, 30 us after a matmul over 128 MB; docs/benchmarks.md). A GPU's forward
+through this machine's caches, and the host code right after it runs many times slower on cold caches
+(``--cold-caches``: a 60-node tree's ancestor mask takes 18 us warm, 190 us after a 128 MB matmul). A GPU's forward
 leaves the host's caches alone, so that slowdown does not transfer. So the decoding is done more than once:
 
 1. **record**: the real decoding, every model forward run; its outputs, its writes to the KV caches (rows and
@@ -46,6 +46,7 @@ the cost-aware decisions are the same in both passes, and they are the decisions
     python benchmarks/host_overhead.py --drafter model --threads 1
     python benchmarks/host_overhead.py --drafter eagle3 --threads 1
     python benchmarks/host_overhead.py --drafter none --threads 1
+    python benchmarks/host_overhead.py --cold-caches
 
 The suffix-array store is built once from one Alpaca-Eval output file (``$GRAFT_HOME/datastores/host-overhead``);
 the EAGLE-3 head has random weights (written to a temporary directory), scaled so that its distributions are
@@ -273,6 +274,30 @@ def _copied(out: Any) -> Any:
     return out
 
 
+def cold_caches(clock: Callable[[], float], n: int = 200) -> str:
+    """Why the forwards are played back: the same host code (a 60-node tree's tokens and ancestor mask, what
+    ``Target.verify`` builds) timed with warm caches, and right after a matmul that streams 128 MB of weights
+    through them (as a CPU forward does; a GPU's does not)."""
+    from graft_cli.tree import Tree
+
+    tree = Tree()
+    for i in range(60):
+        tree.add(i // 4 - 1, 100 + i, "x", 0.5)
+    weights, x = torch.randn(4096, 8192), torch.randn(8, 4096)
+    out = []
+    for label, flush in (("warm", False), ("after a 128 MB matmul", True)):
+        for name, work in (("tokens()", tree.tokens), ("ancestor_mask()", tree.ancestor_mask)):
+            spent = 0.0
+            for _ in range(n):
+                if flush:
+                    x @ weights
+                start = clock()
+                work()
+                spent += clock() - start
+            out.append(f"{name} {label}: {1e6 * spent / n:.1f} us")
+    return "; ".join(out)
+
+
 def datastore(name: str, corpus: Path) -> str:
     """A small suffix-array store over real text, built once under GRAFT_HOME (seconds)."""
     from datastores import DatastoreError
@@ -353,7 +378,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--drafter", choices=("model", "eagle3", "none"), default="model")
-    ap.add_argument("--draft", default=None, help="draft model for --drafter model (default: the target itself)")
+    ap.add_argument("--draft", default=None, help="--drafter model: the draft model (default: the target itself); --drafter eagle3: the head, "
+                         "eagle3:NAME|DIR (default: random weights)")
     ap.add_argument("--method", default="graft")
     ap.add_argument("--retrievers", default="prompt,recycling,suffix-array")
     ap.add_argument("--datastore", default=None, help="suffix-array store (default: one built under GRAFT_HOME)")
@@ -370,13 +396,22 @@ def main() -> int:
                          "tensor work too); wall: perf_counter")
     ap.add_argument("--in-run", action="store_true",
                     help="time the forwards' own pass (they run inline, as on this CPU) instead of the replay")
+    ap.add_argument("--cold-caches", action="store_true",
+                    help="only time a piece of host code on warm caches and right after a big matmul, and exit")
+    ap.add_argument("--read-per-level", action="store_true",
+                    help="the cost-aware builder as on a CPU: each draft level decided from its own read")
     ap.add_argument("--repeat", type=int, default=3, help="replays (each from a fresh proposer); the quietest is shown")
     ap.add_argument("--target-ms", type=float, default=9.0,
                     help="the modelled clock: a one-token target forward (an 8B model on a GPU: 8-10 ms)")
-    ap.add_argument("--draft-share", type=float, default=0.35,
-                    help="the modelled clock: a draft forward against a target forward of as many rows")
+    ap.add_argument("--draft-share", type=float, default=None,
+                    help="the modelled clock: a draft forward against a target forward of as many rows (default: "
+                         "0.35 for a draft model, Qwen2.5-Coder 0.5B against 1.5B; 0.1 for an EAGLE-3 head, one "
+                         "layer and an LM head against a 32-layer target)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.cold_caches:
+        print(cold_caches(thread_time if args.clock == "cpu" else perf_counter))
+        return 0
 
     loaded = load_model(args.model, "cpu")
     dataset = resolve_dataset("spec-bench")  # $GRAFT_BENCH_DATA or the shared data beside the repository
@@ -391,13 +426,14 @@ def main() -> int:
     if args.drafter == "model":
         draft = args.draft or args.model
     elif args.drafter == "eagle3":
-        draft = random_head(Path(tmp.name), loaded.model, 32000, args.head_sharpness)
+        draft = args.draft or random_head(Path(tmp.name), loaded.model, 32000, args.head_sharpness)
     config = MethodConfig(args.method, budget=args.budget, retrievers=retrievers, options=options, draft=draft,
                           depth=args.depth, draft_top_k=args.draft_top_k,
                           prune_at=args.prune_at if args.method != "dense" else None)
     target = Target(loaded.model)
     phases = Phases(thread_time if args.clock == "cpu" else perf_counter)
-    replay = Replay(args.target_ms / 1e3, args.draft_share)
+    share = args.draft_share if args.draft_share is not None else (0.1 if args.drafter == "eagle3" else 0.35)
+    replay = Replay(args.target_ms / 1e3, share)
     instrument_target(phases, replay, target)
     PositionLayer.update = replay.recording()
     for module in (engine, graft, drafters):  # every clock a decision reads: the modelled one, in every pass
@@ -409,7 +445,7 @@ def main() -> int:
         made = build(config, loaded)
         made.latency = LatencyModel.default("cuda")
         if made.objective is not None:  # the cost-aware builder as it runs on a GPU
-            made.objective.latency, made.objective.planned = made.latency, True
+            made.objective.latency, made.objective.planned = made.latency, not args.read_per_level
         instrument_proposer(phases, replay, made)
         return made
 

@@ -31,6 +31,11 @@ class Forward:
     hidden: tuple[torch.Tensor, ...] | None  # per-layer hidden states [T, H] when asked for
 
 
+def on(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``x`` on ``device``, without a call when it is there already (the hot path makes many)."""
+    return x if x.device == device else x.to(device)
+
+
 def input_device(model: torch.nn.Module) -> torch.device:
     """Where a model's inputs go: its input embedding's device. A model sharded by accelerate (``--device-map``)
     may have it offloaded (weights on ``meta``): then the device its hook runs it on."""
@@ -138,6 +143,5 @@ class Target:
     def _forward(self, out, hidden: bool) -> Forward:
         """Logits and hidden states on the input device (a sharded model's last layers may sit elsewhere;
         ``.to`` is free when they do not)."""
-        states = tuple(h[0].to(self.device) for h in out.hidden_states) if hidden else None
-        logits = out.logits[0]
-        return Forward(logits if logits.device == self.device else logits.to(self.device), states)
+        states = tuple(on(h[0], self.device) for h in out.hidden_states) if hidden else None
+        return Forward(on(out.logits[0], self.device), states)

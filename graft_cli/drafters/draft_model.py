@@ -28,7 +28,7 @@ from torch.nn import functional as F
 from graft_cli.drafters import TreeDrafter, positions
 from graft_cli.errors import GraftError
 from graft_cli.prune import PruneSchedule
-from graft_cli.target import Target
+from graft_cli.target import Target, on
 from plugins.base import Step
 
 if TYPE_CHECKING:
@@ -82,8 +82,8 @@ class DraftCache(Target):
         if tree_mask is not None:  # the context is visible to every row; the tree rows as tree_mask says
             mask = torch.zeros((1, 1, tree_mask.shape[0], past + tree_mask.shape[1] - tree_rows), dtype=self.dtype,
                                device=device)
-            mask[0, 0, :, past - tree_rows :].masked_fill_(~_on(tree_mask, device), torch.finfo(self.dtype).min)
-        inputs = dict(input_ids=_on(tokens, device)[None], position_ids=_on(positions, device)[None],
+            mask[0, 0, :, past - tree_rows :].masked_fill_(~on(tree_mask, device), torch.finfo(self.dtype).min)
+        inputs = dict(input_ids=on(tokens, device)[None], position_ids=on(positions, device)[None],
                       attention_mask=mask, cache=self.cache, use_cache=True, visible=past - tree_rows)
         if self.head is None:
             logits = self.model(**inputs, logits_to_keep=last).logits[0]
@@ -92,11 +92,6 @@ class DraftCache(Target):
             logits = F.linear(hidden[-last:] if last else hidden, *self.head)
         self.length = past + tokens.shape[0]
         return logits
-
-
-def _on(x: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``x`` on ``device``, without a call when it is there already (a draft level makes several)."""
-    return x if x.device == device else x.to(device)
 
 
 SINK = 4  # leading prompt tokens a windowed draft keeps

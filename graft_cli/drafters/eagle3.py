@@ -26,6 +26,7 @@ from graft_cli.drafters import TreeDrafter, positions
 from graft_cli.errors import GraftError
 from graft_cli.kv_cache import PositionCache
 from graft_cli.prune import PruneSchedule
+from graft_cli.target import on
 from plugins.base import Step
 
 if TYPE_CHECKING:
@@ -189,7 +190,7 @@ class Eagle3Head:
         row attends to. Appends their keys and values to the cache; returns the layer's outputs ``[T, H]``."""
         c, w = self.cfg, self.w
         t = tokens.shape[0]
-        emb = self.embed[tokens.to(self.device)].to(self.dtype)
+        emb = self.embed[on(tokens, self.device)].to(self.dtype)
         x = torch.cat([self._norm(emb, "midlayer.input_layernorm.weight"),
                        self._norm(hidden, "midlayer.hidden_norm.weight")], dim=-1)
         q = F.linear(x, w["midlayer.self_attn.q_proj.weight"]).view(t, c.heads, c.head_dim).transpose(0, 1)
@@ -198,7 +199,7 @@ class Eagle3Head:
         q, k = self._rope(q, positions), self._rope(k, positions)
         keys, values = self.cache.layers[0].update(k[None], v[None])
         bias = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-        bias.masked_fill_(~allowed.to(self.device), torch.finfo(self.dtype).min)
+        bias.masked_fill_(~on(allowed, self.device), torch.finfo(self.dtype).min)
         attn = F.scaled_dot_product_attention(q[None], keys, values, attn_mask=bias[None, None], enable_gqa=True)[0]
         h = hidden + F.linear(attn.transpose(0, 1).reshape(t, c.heads * c.head_dim), w["midlayer.self_attn.o_proj.weight"])
         y = self._norm(h, "midlayer.post_attention_layernorm.weight")

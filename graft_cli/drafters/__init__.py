@@ -289,21 +289,18 @@ class TreeDrafter:
         tokens = torch.tensor(chain, dtype=torch.long, device=device)
         ids = self._from_target(tokens)  # draft ids; -1: a token the drafter cannot say
         said, safe = ids >= 0, ids.clamp(min=0)
-        n, nodes = len(chain), torch.arange(len(chain), device=device)
-        own = logp[:n].float()[nodes, safe]  # each chain token's log-prob after its prefix
+        n, nodes = len(chain), torch.arange(-1, len(chain), device=device)  # the root (-1), then the chain's
+        others = logp.float().clone()  # the forward's rows: the root's, then one after each chain token
+        own = others[nodes[1:], safe]  # each chain token's log-prob after its prefix
         never = torch.full_like(own, -math.inf)
         cum = torch.cumsum(torch.where(said, own, never), 0)
-        pool.add(tokens, nodes - 1, cum)  # pool indices 0..n-1; node 0's parent is ROOT (-1)
+        pool.add(tokens, nodes[:-1], cum)  # pool indices 0..n-1; node 0's parent is ROOT (-1)
         self.tree_rows = n
-        others = logp.float().clone()
-        others[nodes, safe] = torch.where(said, never, others[nodes, safe])
-        first = self._children(pool, None, others[0])
-        along = Frontier(nodes, cum, tokens, nodes + 1, nodes, nodes + 1)
-        after = self._children(pool, along, others[1:], 0)
-        after.state = after.state + 1  # chain row i's output state is row i + 1 of the forward (the root's is 0)
-        merged = Frontier(*(torch.cat([getattr(first, f.name), getattr(after, f.name)]) for f in fields(Frontier)))
-        best = torch.topk(merged.cum, min(self.top_k, len(merged))).indices
-        return Frontier(*(getattr(merged, f.name)[best] for f in fields(Frontier))), state_rows, [nodes]
+        others[nodes[1:], safe] = torch.where(said, never, own)  # a row's children leave out the chain's next token
+        # the root and every chain node expand together, as one level whose rows are the forward's: row 0 the
+        # root's (tree row -1, depth 0, path log-prob 0), row i + 1 chain node i's (tree row i, depth i + 1)
+        rows = Frontier(nodes, torch.cat([cum.new_zeros(1), cum]), nodes, nodes, nodes, nodes + 1)
+        return self._children(pool, rows, others, -1), state_rows, [nodes[1:]]
 
     def _children(self, pool: Pool, parents: Frontier | None, logp: torch.Tensor, start: int = 0) -> Frontier:
         """Add each parent's ``top_k`` children (the root's, without ``parents``) to the pool; the best

@@ -32,7 +32,7 @@ leaves the host's caches alone, so that slowdown does not transfer. So the decod
 
 1. **record**: the real decoding, every model forward run; its outputs, its writes to the KV caches (rows and
    shapes) and the outputs of every vocabulary-wide call outside the forwards are kept;
-2. **replay** (``--repeat`` times, the quietest shown): the same decoding from the same start (a proposer built
+2. **replay** (``--repeat`` times, the quietest shown; benchmarks/playback.py): the same decoding from the same start (a proposer built
    alike), every forward replaced by its recorded outputs and cache writes of zeros of the recorded shapes, every
    vocabulary-wide call by its recorded output: the host code runs exactly as before, minus the device's work.
    Only the replays are timed. Should a forward's rows or a call differ from the record, or the tokens at the
@@ -63,7 +63,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 from time import perf_counter, thread_time
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import torch
@@ -80,6 +80,7 @@ from graft_cli.budget import LatencyModel  # noqa: E402
 from graft_cli.catalog.home import graft_home  # noqa: E402
 from graft_cli.catalog.resolve import resolve_model  # noqa: E402
 from graft_cli.kv_cache import PositionLayer  # noqa: E402
+from playback import Replay, cold_caches  # noqa: E402
 from graft_cli.loading import encode, load_model, stop_ids  # noqa: E402
 from graft_cli.methods import MethodConfig, build  # noqa: E402
 from graft_cli.prune import DEFAULT as DEFAULT_PRUNE  # noqa: E402
@@ -186,116 +187,6 @@ class Phases(TorchFunctionMode):
         self.counting = False
         self.reset()
         return max(counted - plain, 0.0) / (2 * n)
-
-
-class Replay:
-    """Model forwards recorded once (outputs and KV-cache writes), then played back without running them, on a
-    modelled clock that both passes share (see the module's docstring)."""
-
-    def __init__(self, target_s: float, draft_share: float) -> None:
-        self.target_s, self.draft_share = target_s, draft_share
-        self.curve = LatencyModel.default("cuda")
-        self.calls: list[tuple[int, Any, list]] = []  # (rows fed, outputs, cache writes) per outermost forward
-        self.replaying = False
-        self.at = 0  # the next recorded call to play back
-        self.now = 0.0  # the modelled clock (seconds)
-        self._writes: list | None = None  # the running forward's cache writes, while recording
-        self._zeros: dict = {}
-
-    def clock(self) -> float:
-        return self.now
-
-    def wrap(self, fn: Callable, target: bool, cache: Any) -> Callable:
-        """``fn`` recorded or played back; ``cache``: the PositionCache its writes go to (played back there: a
-        replay's proposer has caches of its own)."""
-
-        @functools.wraps(fn)
-        def forward(*args, **kwargs):
-            if self._writes is not None and not self.replaying:  # nested in a recorded forward: runs as part of it
-                return fn(*args, **kwargs)
-            rows = _rows(args, kwargs)
-            self.now += self.target_s * (1.0 if target else self.draft_share) * self.curve(rows)
-            if self.replaying:
-                return self._play(rows, cache)
-            self._writes = []
-            try:
-                out = fn(*args, **kwargs)
-                self.calls.append((rows, _copied(out), self._writes))
-            finally:
-                self._writes = None
-            return out
-
-        return forward
-
-    def _play(self, rows: int, cache: Any) -> Any:
-        if self.at >= len(self.calls) or self.calls[self.at][0] != rows:
-            want = self.calls[self.at][0] if self.at < len(self.calls) else "none"
-            raise SystemExit(f"host_overhead: the replay diverged at forward {self.at} ({rows} rows fed, {want} "
-                             "recorded): its timing would not be of the same decoding")
-        _, out, writes = self.calls[self.at]
-        self.at += 1
-        for number, shape, dtype, device in writes:
-            zeros = self._zeros.get((shape, dtype, device))
-            if zeros is None:
-                zeros = self._zeros[(shape, dtype, device)] = torch.zeros(shape, dtype=dtype, device=device)
-            PositionLayer.update.__wrapped__(cache.layers[number], zeros, zeros)
-        return out  # not a copy: every vocabulary-wide use of it is played back too, so nothing changes it
-
-    def recording(self) -> Callable:
-        """``PositionLayer.update`` that logs each write of a recorded forward (the replay repeats them)."""
-        update = PositionLayer.update
-
-        @functools.wraps(update)
-        def logged(layer, keys, values, *args, **kwargs):
-            if self._writes is not None:
-                self._writes.append((layer.number, tuple(keys.shape), keys.dtype, keys.device))
-            return update(layer, keys, values, *args, **kwargs)
-
-        return logged
-
-
-def _rows(args: tuple, kwargs: dict) -> int:
-    """Rows a forward feeds: its token ids' (or first tensor's) length."""
-    if isinstance(kwargs.get("input_ids"), torch.Tensor):  # a transformers model: [batch, rows]
-        return int(kwargs["input_ids"].shape[1])
-    x = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)  # the head's [rows, ...]
-    return 1 if x is None or not x.dim() else int(x.shape[0])
-
-
-def _copied(out: Any) -> Any:
-    """``out`` with every tensor in it cloned (caches and other objects shared): a played-back output is never
-    one a caller changed."""
-    if isinstance(out, torch.Tensor):
-        return out.clone()
-    if isinstance(out, dict):  # transformers' ModelOutput is one
-        return type(out)(**{k: _copied(v) for k, v in out.items()})
-    if isinstance(out, (tuple, list)):
-        return type(out)(_copied(v) for v in out)
-    return out
-
-
-def cold_caches(clock: Callable[[], float], n: int = 200) -> str:
-    """Why the forwards are played back: the same host code (a 60-node tree's tokens and ancestor mask, what
-    ``Target.verify`` builds) timed with warm caches, and right after a matmul that streams 128 MB of weights
-    through them (as a CPU forward does; a GPU's does not)."""
-    from graft_cli.tree import Tree
-
-    tree = Tree()
-    for i in range(60):
-        tree.add(i // 4 - 1, 100 + i, "x", 0.5)
-    weights, x = torch.randn(4096, 8192), torch.randn(8, 4096)
-    out = []
-    for label, flush in (("warm", False), ("after a 128 MB matmul", True)):
-        for name, work in (("tokens()", tree.tokens), ("ancestor_mask()", tree.ancestor_mask)):
-            spent = 0.0
-            for _ in range(n):
-                if flush:
-                    x @ weights
-                start = clock()
-                work()
-                spent += clock() - start
-            out.append(f"{name} {label}: {1e6 * spent / n:.1f} us")
-    return "; ".join(out)
 
 
 def datastore(name: str, corpus: Path) -> str:

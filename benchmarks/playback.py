@@ -1,0 +1,127 @@
+"""Playback for benchmarks/host_overhead.py: a decoding's model forwards recorded once (their outputs and their
+writes to the KV caches), then played back without running them, on a modelled clock; and the measurement that
+says why (host code on warm caches and right after a CPU forward's worth of weights). See host_overhead.py."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from graft_cli.budget import LatencyModel  # noqa: E402
+from graft_cli.kv_cache import PositionLayer  # noqa: E402
+
+
+class Replay:
+    """Model forwards recorded once (outputs and KV-cache writes), then played back without running them, on a
+    modelled clock that both passes share (see host_overhead.py's docstring)."""
+
+    def __init__(self, target_s: float, draft_share: float) -> None:
+        self.target_s, self.draft_share = target_s, draft_share
+        self.curve = LatencyModel.default("cuda")
+        self.calls: list[tuple[int, Any, list]] = []  # (rows fed, outputs, cache writes) per outermost forward
+        self.replaying = False
+        self.at = 0  # the next recorded call to play back
+        self.now = 0.0  # the modelled clock (seconds)
+        self._writes: list | None = None  # the running forward's cache writes, while recording
+        self._zeros: dict = {}
+
+    def clock(self) -> float:
+        return self.now
+
+    def wrap(self, fn: Callable, target: bool, cache: Any) -> Callable:
+        """``fn`` recorded or played back; ``cache``: the PositionCache its writes go to (played back there: a
+        replay's proposer has caches of its own)."""
+
+        @functools.wraps(fn)
+        def forward(*args, **kwargs):
+            if self._writes is not None and not self.replaying:  # nested in a recorded forward: runs as part of it
+                return fn(*args, **kwargs)
+            rows = _rows(args, kwargs)
+            self.now += self.target_s * (1.0 if target else self.draft_share) * self.curve(rows)
+            if self.replaying:
+                return self._play(rows, cache)
+            self._writes = []
+            try:
+                out = fn(*args, **kwargs)
+                self.calls.append((rows, _copied(out), self._writes))
+            finally:
+                self._writes = None
+            return out
+
+        return forward
+
+    def _play(self, rows: int, cache: Any) -> Any:
+        if self.at >= len(self.calls) or self.calls[self.at][0] != rows:
+            want = self.calls[self.at][0] if self.at < len(self.calls) else "none"
+            raise SystemExit(f"host_overhead: the replay diverged at forward {self.at} ({rows} rows fed, {want} "
+                             "recorded): its timing would not be of the same decoding")
+        _, out, writes = self.calls[self.at]
+        self.at += 1
+        for number, shape, dtype, device in writes:
+            zeros = self._zeros.get((shape, dtype, device))
+            if zeros is None:
+                zeros = self._zeros[(shape, dtype, device)] = torch.zeros(shape, dtype=dtype, device=device)
+            PositionLayer.update.__wrapped__(cache.layers[number], zeros, zeros)
+        return out  # not a copy: every vocabulary-wide use of it is played back too, so nothing changes it
+
+    def recording(self) -> Callable:
+        """``PositionLayer.update`` that logs each write of a recorded forward (the replay repeats them)."""
+        update = PositionLayer.update
+
+        @functools.wraps(update)
+        def logged(layer, keys, values, *args, **kwargs):
+            if self._writes is not None:
+                self._writes.append((layer.number, tuple(keys.shape), keys.dtype, keys.device))
+            return update(layer, keys, values, *args, **kwargs)
+
+        return logged
+
+
+def _rows(args: tuple, kwargs: dict) -> int:
+    """Rows a forward feeds: its token ids' (or first tensor's) length."""
+    if isinstance(kwargs.get("input_ids"), torch.Tensor):  # a transformers model: [batch, rows]
+        return int(kwargs["input_ids"].shape[1])
+    x = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)  # the head's [rows, ...]
+    return 1 if x is None or not x.dim() else int(x.shape[0])
+
+
+def _copied(out: Any) -> Any:
+    """``out`` with every tensor in it cloned (caches and other objects shared): a played-back output is never
+    one a caller changed."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, dict):  # transformers' ModelOutput is one
+        return type(out)(**{k: _copied(v) for k, v in out.items()})
+    if isinstance(out, (tuple, list)):
+        return type(out)(_copied(v) for v in out)
+    return out
+
+
+def cold_caches(clock: Callable[[], float], n: int = 200) -> str:
+    """Why the forwards are played back: the same host code (a 60-node tree's tokens and ancestor mask, what
+    ``Target.verify`` builds) timed with warm caches, and right after a matmul that streams 128 MB of weights
+    through them (as a CPU forward does; a GPU's does not)."""
+    from graft_cli.tree import Tree
+
+    tree = Tree()
+    for i in range(60):
+        tree.add(i // 4 - 1, 100 + i, "x", 0.5)
+    weights, x = torch.randn(4096, 8192), torch.randn(8, 4096)
+    out = []
+    for label, flush in (("warm", False), ("after a 128 MB matmul", True)):
+        for name, work in (("tokens()", tree.tokens), ("ancestor_mask()", tree.ancestor_mask)):
+            spent = 0.0
+            for _ in range(n):
+                if flush:
+                    x @ weights
+                start = clock()
+                work()
+                spent += clock() - start
+            out.append(f"{name} {label}: {1e6 * spent / n:.1f} us")
+    return "; ".join(out)

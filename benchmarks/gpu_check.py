@@ -14,7 +14,8 @@
 2. FlashAttention prefill (when flash-attn is installed) against SDPA's logits.
 3. Verification latency by tree size (1 to 256 tokens) of a Llama-3-8B-shaped model, random weights from a
    config, over a 512-token KV cache.
-4. Host milliseconds per step: the HOOK below runs benchmarks/host_overhead.py once it exists.
+4. Host milliseconds and device reads per step of graft with a draft model at the CUDA defaults, the forwards
+   played back (benchmarks/host_overhead.py).
 
     python benchmarks/gpu_check.py            # on a CUDA machine; prints one table, exit 1 if a check failed
     python benchmarks/gpu_check.py --smoke    # the same code on the CPU with tiny models (CI: under a minute)
@@ -38,6 +39,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # host_overhead.py, beside this file
 
 from graft_cli import methods  # noqa: E402
 from graft_cli.bench.datasets import Question  # noqa: E402
@@ -48,6 +50,8 @@ from graft_cli.engine import decode  # noqa: E402
 from graft_cli.loading import load_model, stop_ids  # noqa: E402
 from graft_cli.lossless import MarginTarget, report  # noqa: E402
 from graft_cli.methods import MethodConfig  # noqa: E402
+from graft_cli.prune import DEFAULT as DEFAULT_PRUNE  # noqa: E402
+from graft_cli.prune import default_floor  # noqa: E402
 from graft_cli.sampling import Sampling, probabilities  # noqa: E402
 from graft_cli.synthetic import save_model_dir, tiny_model, word_tokenizer, write_eagle3_head  # noqa: E402
 from graft_cli.target import Target  # noqa: E402
@@ -288,14 +292,22 @@ def check_latency(table: Table, shape: dict, device: str, dtype: torch.dtype, sc
 
 
 # --- 4. host overhead --------------------------------------------------------------------------------------------
-def check_host_overhead(table: Table, device: str, smoke: bool) -> None:
-    """HOOK (for the lead): benchmarks/host_overhead.py is written on another branch. Once merged, call its
-    measurement here (host ms per step on ``device``, tiny models when ``smoke``) and add its figure as a row."""
-    script = Path(__file__).with_name("host_overhead.py")
-    if not script.exists():
-        table.add("host ms/step", None, "benchmarks/host_overhead.py not merged yet (see the HOOK in gpu_check.py)")
-        return
-    table.add("host ms/step", None, f"{script.name} exists: wire it into check_host_overhead (HOOK)")
+def check_host_overhead(table: Table, device: str, dtype: str, scale: Scale) -> None:
+    """Host milliseconds and device reads per step of graft with a draft model at the CUDA defaults (budget 60,
+    depth 7, draft top-k 8, prompt lookup and recycling), the forwards played back (benchmarks/host_overhead.py):
+    on a GPU, what the host costs each verification. Reported, not checked: a speed is a benchmark's."""
+    from host_overhead import measure
+
+    with tempfile.TemporaryDirectory(prefix="graft-gpu-check-") as tmp:
+        target_dir, _ = synthetic_dirs(Path(tmp), scale)
+        loaded = load_model(str(target_dir), device, dtype)
+        conv = Conversation(loaded.tokenizer, stop_ids(loaded))
+        ids = [conv.encode([{"role": "user", "content": q.turns[0]}]) for q in prompts(scale)]
+        config = MethodConfig("graft", budget=60, depth=7, draft_top_k=8, retrievers=["prompt", "recycling"],
+                              draft=str(target_dir), prune_at=f"{DEFAULT_PRUNE},floor:{default_floor('cuda')}")
+        m = measure(loaded, ids, config, scale.new_tokens, repeat=1 if device == "cpu" else 3)
+    table.add("host ms/step", None, f"{m.host_ms:.2f} ms, {m.syncs:.2f} device reads per step (graft, draft model, "
+              f"{m.steps} steps, forwards played back; targets 1.5 ms and 3 reads)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     table, started = Table(), time.perf_counter()
     check_methods(table, device, dtype, scale)
     check_latency(table, scale.latency_shape, device, getattr(torch, dtype), scale)
-    check_host_overhead(table, device, args.smoke)
+    check_host_overhead(table, device, dtype, scale)
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "CPU"
     table.print(f"gpu_check{' --smoke' if args.smoke else ''} on {name} ({device}, {dtype}): "
                 f"{'all checks passed' if table.ok else 'A CHECK FAILED'} in {time.perf_counter() - started:.0f} s")

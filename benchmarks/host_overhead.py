@@ -61,6 +61,7 @@ import json
 import sys
 import tempfile
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter, thread_time
 from typing import Callable
@@ -265,6 +266,116 @@ def instrument_proposer(phases: Phases, replay: Replay, proposer) -> None:
             decoder.forward = wrap(FORWARD, replay.wrap(decoder.forward, False, drafter.cache.cache))
 
 
+@dataclass
+class Measured:
+    """One measurement: per phase the seconds, reads and torch calls of the timed pass, and what it decoded."""
+
+    time: Counter
+    reads: Counter
+    calls: Counter
+    steps: int
+    tokens: int
+    levels: list[int]  # draft levels of each step that drafted
+    cost: float  # the counting mode's own cost per torch call (subtracted)
+
+    @property
+    def host_ms(self) -> float:
+        return 1e3 * sum(self.time[p] for p in PHASES) / max(self.steps, 1)
+
+    @property
+    def syncs(self) -> float:
+        return sum(self.reads[p] for p in PHASES) / max(self.steps, 1)
+
+    def table(self) -> list[str]:
+        steps = max(self.steps, 1)
+        lines = [f"{'phase':<10}{'ms/step':>10}{'reads/step':>12}{'torch calls/step':>18}"]
+        for phase in (*PHASES, FORWARD, DEVICE):
+            note = {FORWARD: "  model forwards: excluded", DEVICE: "  vocabulary-wide tensor ops: excluded"}.get(phase, "")
+            lines.append(f"{phase:<10}{1e3 * self.time[phase] / steps:>10.3f}{self.reads[phase] / steps:>12.2f}"
+                         f"{self.calls[phase] / steps:>18.1f}{note}")
+        mine = self.host_ms - 1e3 * self.time["draft"] / steps
+        lines.append(f"without the drafter's own work: host_ms_per_step={mine:.3f} "
+                     f"syncs_per_step={self.syncs - self.reads['draft'] / steps:.2f}")
+        lines.append(f"host_ms_per_step={self.host_ms:.3f} syncs_per_step={self.syncs:.2f}")
+        return lines
+
+
+def measure(loaded, prompts: list[list[int]], config: MethodConfig, max_new_tokens: int = 64, repeat: int = 3,
+            in_run: bool = False, target_ms: float = 9.0, draft_share: float = 0.35, read_per_level: bool = False,
+            clock: Callable[[], float] = thread_time) -> Measured:
+    """Decode ``prompts`` with ``config`` at the CUDA defaults' latency curve, once for the record and then
+    ``repeat`` replays (or, ``in_run``, the record pass timed itself); the quietest timed pass. The patches it
+    makes (clocks, the cache's update, ``engine.accept``) are undone on return."""
+    patched = [(PositionLayer, "update", PositionLayer.update), (engine, "accept", engine.accept),
+               *((module, "perf_counter", module.perf_counter) for module in (engine, graft, drafters))]
+    try:
+        target = Target(loaded.model)
+        phases = Phases(clock)
+        replay = Replay(target_ms / 1e3, draft_share)
+        instrument_target(phases, replay, target)
+        PositionLayer.update = replay.recording()
+        for module in (engine, graft, drafters):  # every clock a decision reads: the modelled one, in every pass
+            module.perf_counter = replay.clock
+        stops = stop_ids(loaded)
+
+        def proposer():
+            """A fresh proposer at the CUDA defaults: every pass starts from the same state."""
+            made = build(config, loaded)
+            made.latency = LatencyModel.default("cuda")
+            if made.objective is not None:  # the cost-aware builder as it runs on a GPU
+                made.objective.latency, made.objective.planned = made.latency, not read_per_level
+            instrument_proposer(phases, replay, made)
+            return made
+
+        def run(proposer, prompt: list[int], max_new: int) -> tuple[Stats, list[int]]:
+            stats, out = Stats(), []
+            steps = engine.decode(target, proposer, prompt, Sampling(), max_new, stops, stats=stats)
+            out.extend(next(steps))  # the prefill and the proposer's start: not a step
+            phases.counting = True
+            phases.wrap("engine", lambda: [out.extend(new) for new in steps])()
+            phases.counting = False
+            return stats, out
+
+        def one_pass(replaying: bool) -> tuple[Counter, Counter, Counter, int, int, list]:
+            replay.replaying, replay.at = replaying, 0
+            phases.replaying, phases.at = replaying, 0
+            made = proposer()
+            run(made, prompts[0], 8)  # warm-up
+            phases.reset()
+            steps = tokens = 0
+            texts = []
+            levels.clear()
+            for prompt in prompts:
+                stats, out = run(made, prompt, max_new_tokens)
+                steps, tokens = steps + stats.steps, tokens + stats.new_tokens
+                texts.append(out)
+                levels.extend(record["levels"] for record in made.trace if record["levels"])
+            made.close()
+            return Counter(phases.time), Counter(phases.reads), Counter(phases.calls), steps, tokens, texts
+
+        levels: list[int] = []  # draft levels of each step that drafted, in the last pass
+        cost = phases.cost()
+        if not in_run:
+            phases.tape = []
+        with phases:
+            passes = [one_pass(False)]  # the record (timed itself with --in-run)
+            for _ in range(0 if in_run else repeat):
+                passes.append(one_pass(True))
+                if passes[-1][5] != passes[0][5]:
+                    raise SystemExit("host_overhead: the replay produced other tokens than the record")
+        replay.calls.clear()
+        timed = passes[1:] or passes
+        for times, _, calls, *_ in timed:  # the counting's own cost is not the host's
+            for phase, n in calls.items():
+                times[phase] -= n * cost
+        totals = [sum(times[p] for p in PHASES) for times, *_ in timed]
+        times, reads, calls, steps, tokens, _ = timed[totals.index(min(totals))]  # the quietest pass
+        return Measured(times, reads, calls, steps, tokens, levels, cost)
+    finally:
+        for owner, name, value in patched:
+            setattr(owner, name, value)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -321,89 +432,18 @@ def main() -> int:
     config = MethodConfig(args.method, budget=args.budget, retrievers=retrievers, options=options, draft=draft,
                           depth=args.depth, draft_top_k=args.draft_top_k,
                           prune_at=args.prune_at if args.method != "dense" else None)
-    target = Target(loaded.model)
-    phases = Phases(thread_time if args.clock == "cpu" else perf_counter)
     share = args.draft_share if args.draft_share is not None else (0.1 if args.drafter == "eagle3" else 0.35)
-    replay = Replay(args.target_ms / 1e3, share)
-    instrument_target(phases, replay, target)
-    PositionLayer.update = replay.recording()
-    for module in (engine, graft, drafters):  # every clock a decision reads: the modelled one, in every pass
-        module.perf_counter = replay.clock
-    stops = stop_ids(loaded)
-
-    def proposer():
-        """A fresh proposer at the CUDA defaults: every pass starts from the same state."""
-        made = build(config, loaded)
-        made.latency = LatencyModel.default("cuda")
-        if made.objective is not None:  # the cost-aware builder as it runs on a GPU
-            made.objective.latency, made.objective.planned = made.latency, not args.read_per_level
-        instrument_proposer(phases, replay, made)
-        return made
-
-    def run(proposer, prompt: list[int], max_new: int) -> tuple[Stats, list[int]]:
-        stats, out = Stats(), []
-        steps = engine.decode(target, proposer, prompt, Sampling(), max_new, stops, stats=stats)
-        out.extend(next(steps))  # the prefill and the proposer's start: not a step
-        phases.counting = True
-        phases.wrap("engine", lambda: [out.extend(new) for new in steps])()
-        phases.counting = False
-        return stats, out
-
-    def one_pass(replaying: bool) -> tuple[Counter, Counter, Counter, int, int, list]:
-        replay.replaying, replay.at = replaying, 0
-        phases.replaying, phases.at = replaying, 0
-        made = proposer()
-        run(made, prompts[0], 8)  # warm-up
-        phases.reset()
-        steps = tokens = 0
-        texts = []
-        levels.clear()
-        for prompt in prompts:
-            stats, out = run(made, prompt, args.max_new_tokens)
-            steps, tokens = steps + stats.steps, tokens + stats.new_tokens
-            texts.append(out)
-            levels.extend(record["levels"] for record in made.trace if record["levels"])
-        made.close()
-        return Counter(phases.time), Counter(phases.reads), Counter(phases.calls), steps, tokens, texts
-
-    levels: list[int] = []  # draft levels of each step that drafted, in the last pass
-    cost = phases.cost()
-    if not args.in_run:
-        phases.tape = []
-    with phases:
-        passes = [one_pass(False)]  # the record (timed itself with --in-run)
-        for _ in range(0 if args.in_run else args.repeat):
-            passes.append(one_pass(True))
-            if passes[-1][5] != passes[0][5]:
-                raise SystemExit("host_overhead: the replay produced other tokens than the record")
-    replay.calls.clear()
-    timed = passes[1:] or passes
-    for times, _, calls, *_ in timed:  # the counting's own cost is not the host's
-        for phase, n in calls.items():
-            times[phase] -= n * cost
-    totals = [sum(times[p] for p in PHASES) for times, *_ in timed]
-    times, reads, calls, steps, tokens, _ = timed[totals.index(min(totals))]  # the quietest pass
-    phases.time, phases.reads, phases.calls = times, reads, calls
+    m = measure(loaded, prompts, config, args.max_new_tokens, args.repeat, args.in_run, args.target_ms, share,
+                args.read_per_level, thread_time if args.clock == "cpu" else perf_counter)
     tmp.cleanup()
-
     print(f"{args.model}, method {args.method}, drafter {args.drafter}{' ' + draft if draft else ''}, "
           f"budget {args.budget}, depth {args.depth}, draft top-k {args.draft_top_k}, retrievers {args.retrievers}; "
-          f"{len(prompts)} Spec-Bench prompts ({args.categories}), {tokens} tokens in {steps} steps "
-          f"(tau {tokens / max(steps, 1):.2f}; {len(levels)} drafts of {np.mean(levels) if levels else 0:.1f} levels), threads {args.threads}, {args.clock} clock, "
+          f"{len(prompts)} Spec-Bench prompts ({args.categories}), {m.tokens} tokens in {m.steps} steps "
+          f"(tau {m.tokens / max(m.steps, 1):.2f}; {len(m.levels)} drafts of {np.mean(m.levels) if m.levels else 0:.1f} levels), threads {args.threads}, {args.clock} clock, "
           f"{'forwards run inline' if args.in_run else f'forwards played back, the quietest of {args.repeat} replays'}; "
           f"counting costs "
-          f"{1e6 * cost:.2f} us per torch call, subtracted")
-    print(f"{'phase':<10}{'ms/step':>10}{'reads/step':>12}{'torch calls/step':>18}")
-    host = sum(phases.time[p] for p in PHASES)
-    syncs = sum(phases.reads[p] for p in PHASES)
-    for phase in (*PHASES, FORWARD, DEVICE):
-        note = {FORWARD: "  model forwards: excluded", DEVICE: "  vocabulary-wide tensor ops: excluded"}.get(phase, "")
-        print(f"{phase:<10}{1e3 * phases.time[phase] / steps:>10.3f}{phases.reads[phase] / steps:>12.2f}"
-              f"{phases.calls[phase] / steps:>18.1f}{note}")
-    mine = host - phases.time["draft"]
-    print(f"without the drafter's own work: host_ms_per_step={1e3 * mine / steps:.3f} "
-          f"syncs_per_step={(syncs - phases.reads['draft']) / steps:.2f}")
-    print(f"host_ms_per_step={1e3 * host / steps:.3f} syncs_per_step={syncs / steps:.2f}")
+          f"{1e6 * m.cost:.2f} us per torch call, subtracted")
+    print("\n".join(m.table()))
     return 0
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.util import find_spec
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -28,12 +28,28 @@ Progress = Callable[[int, int], None]  # (prompt tokens prefilled so far, prompt
 @dataclass
 class Forward:
     logits: torch.Tensor  # [T, V] for the T fed positions
-    hidden: tuple[torch.Tensor, ...] | None  # per-layer hidden states [T, H] when asked for
+    hidden: Sequence[torch.Tensor] | None  # per-layer hidden states [T, H] when asked for
 
 
 def on(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``x`` on ``device``, without a call when it is there already (the hot path makes many)."""
     return x if x.device == device else x.to(device)
+
+
+class Layers(Sequence[torch.Tensor]):
+    """A verification's per-layer hidden states ``[T, H]``, each taken from transformers' ``[1, T, H]`` (and
+    brought to the input device) when it is read: an EAGLE-3 head reads three layers of thirty, every step."""
+
+    def __init__(self, states: Sequence[torch.Tensor], device: torch.device) -> None:
+        self.states, self.device = states, device
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __getitem__(self, i):  # an int gives a layer, a slice a list of them
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return on(self.states[i][0], self.device)
 
 
 def input_device(model: torch.nn.Module) -> torch.device:
@@ -143,5 +159,5 @@ class Target:
     def _forward(self, out, hidden: bool) -> Forward:
         """Logits and hidden states on the input device (a sharded model's last layers may sit elsewhere;
         ``.to`` is free when they do not)."""
-        states = tuple(on(h[0], self.device) for h in out.hidden_states) if hidden else None
+        states = Layers(out.hidden_states, self.device) if hidden else None
         return Forward(on(out.logits[0], self.device), states)

@@ -66,7 +66,7 @@ class Step:
     tree: Tree  # the verified tree (empty for the prefill)
     kept: list[int]  # rows of the fed block that joined the context (prefill: every prompt position)
     logits: "torch.Tensor | None" = None  # target logits of the fed rows [T, V] (prefill: the last row only)
-    hidden: "tuple[torch.Tensor, ...] | None" = None  # per-layer hidden states [T, H], when a proposer asks
+    hidden: "Sequence[torch.Tensor] | None" = None  # per-layer hidden states [T, H], when a proposer asks
 
 
 @runtime_checkable

@@ -41,7 +41,9 @@ leaves the host's caches alone, so that slowdown does not transfer. So the decod
 Both passes run on a modelled clock (the engine's and the drafter's ``perf_counter``): a target forward costs
 ``--target-ms`` times the CUDA latency curve, a draft forward ``--draft-share`` of that, and host code nothing. So
 the cost-aware decisions are the same in both passes, and they are the decisions a GPU's costs would make.
-``--in-run`` times the record pass instead: the forwards run inline, as they do on this CPU.
+``--in-run`` times the record pass instead: the forwards run inline, as they do on this CPU. The cost-aware tree
+builder runs planned, as off the CPU (one device read per draft; ``--read-per-level``: one per level, the CPU's
+way). ``measure()`` is what ``benchmarks/gpu_check.py`` calls for its host row.
 
     python benchmarks/host_overhead.py --drafter model --threads 1
     python benchmarks/host_overhead.py --drafter eagle3 --threads 1

@@ -382,8 +382,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--drafter", choices=("model", "eagle3", "none"), default="model")
-    ap.add_argument("--draft", default=None, help="--drafter model: the draft model (default: the target itself); --drafter eagle3: the head, "
-                         "eagle3:NAME|DIR (default: random weights)")
+    ap.add_argument("--draft", default=None,
+                    help="--drafter model: the draft model (default: the target itself); --drafter eagle3: the "
+                         "head, eagle3:NAME|DIR (default: random weights)")
     ap.add_argument("--method", default="graft")
     ap.add_argument("--retrievers", default="prompt,recycling,suffix-array")
     ap.add_argument("--datastore", default=None, help="suffix-array store (default: one built under GRAFT_HOME)")
@@ -441,7 +442,8 @@ def main() -> int:
     print(f"{args.model}, method {args.method}, drafter {args.drafter}{' ' + draft if draft else ''}, "
           f"budget {args.budget}, depth {args.depth}, draft top-k {args.draft_top_k}, retrievers {args.retrievers}; "
           f"{len(prompts)} Spec-Bench prompts ({args.categories}), {m.tokens} tokens in {m.steps} steps "
-          f"(tau {m.tokens / max(m.steps, 1):.2f}; {len(m.levels)} drafts of {np.mean(m.levels) if m.levels else 0:.1f} levels), threads {args.threads}, {args.clock} clock, "
+          f"(tau {m.tokens / max(m.steps, 1):.2f}; {len(m.levels)} drafts of "
+          f"{np.mean(m.levels) if m.levels else 0:.1f} levels), threads {args.threads}, {args.clock} clock, "
           f"{'forwards run inline' if args.in_run else f'forwards played back, the quietest of {args.repeat} replays'}; "
           f"counting costs "
           f"{1e6 * m.cost:.2f} us per torch call, subtracted")

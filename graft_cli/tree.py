@@ -217,29 +217,11 @@ class Tree:
     @classmethod
     def from_arrays(cls, tokens: Sequence[int], parents: Sequence[int], scores: Sequence[float], source: str) -> Tree:
         """The tree of nodes given in topological order (``parents[i]``: an earlier position, or negative for the
-        root's child), built in one pass: what :meth:`add` does node by node (a score capped by its parent's,
-        a duplicate sibling merged), without a call per node. Retrievers' and drafters' results come this way."""
-        tree = cls()
-        nodes, index, where = tree.nodes, tree._index, []
+        root's child), each added as :meth:`add` adds it (a score capped by its parent's, a duplicate sibling
+        merged): how retrievers' and drafters' array results become a Tree."""
+        tree, where = cls(), []
         for token, parent, score in zip(tokens, parents, scores):
-            if parent < 0:
-                up, depth = ROOT, 1
-            else:
-                up = where[parent]
-                above = nodes[up]
-                depth = above.depth + 1
-                if score > above.score:
-                    score = above.score
-            kids = index.get(up)
-            if kids is None:
-                kids = index[up] = {}
-            found = kids.get(token)
-            if found is None:
-                kids[token] = found = len(nodes)
-                nodes.append(Node(int(token), up, depth, source, float(score)))
-            elif score > nodes[found].score:
-                nodes[found].score, nodes[found].source = float(score), source
-            where.append(found)
+            where.append(tree.add(ROOT if parent < 0 else where[parent], token, source, score))
         return tree
 
     @classmethod

@@ -259,10 +259,11 @@ class TreeDrafter:
             self.tree_rows, self.levels = end, self.levels + 1
             fed.append(frontier.nodes)
             frontier = self._children(pool, frontier, logp, start)
-        ranked = min(budget, pool.size)
-        more = [torch.cat([f for f, _ in levels]).double(), pool.best_at([n for _, n in levels], ranked).flatten()] if planned else []
+        more, ranked = [], min(budget, pool.size)
+        if planned:  # per level: the frontier's log-probs, and the pool's best then, in the final read
+            more = [torch.cat([f for f, _ in levels]).double(), pool.best_at([n for _, n in levels], ranked).flatten()]
         tree, read = self._finish(pool, fed, keep, more)
-        if planned:  # per level: the frontier's log-probs, and the pool's best then
+        if planned:
             widths = np.cumsum([0] + [len(f) for f, _ in levels])
             best = read[widths[-1] :]
             walked = [(read[widths[i] : widths[i + 1]], best[i * ranked : i * ranked + min(ranked, n)])
@@ -335,7 +336,7 @@ class TreeDrafter:
         n, m = chosen.shape[0], fed_nodes.shape[0]
         tree = Tree.from_arrays([int(t) for t in read[:n]], [int(p) for p in read[n : 2 * n]],
                                 [math.exp(c) for c in read[2 * n : 3 * n]], SOURCE)
-        nodes, ups, fed_tokens = read[3 * n : 3 * n + m], read[3 * n + m : 3 * n + 2 * m], read[3 * n + 2 * m : 3 * n + 3 * m]
+        nodes, ups, fed_tokens = (read[3 * n + i * m : 3 * n + (i + 1) * m] for i in range(3))
         self.fed = {int(node): row for row, node in enumerate(nodes)}
         self._fed_children = {(int(up), int(token)): int(node) for node, up, token in zip(nodes, ups, fed_tokens)}
         return tree, read[3 * n + 3 * m :]

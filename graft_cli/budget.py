@@ -90,15 +90,24 @@ class LatencyModel:
 
     def best_count(self, fixed: int, fixed_gain: float, scores: Sequence[float], overhead: float = 0.0) -> int:
         """How many of ``scores`` (best first) to verify on top of ``fixed`` nodes: max expected tokens/second.
-        ``overhead``: what the step costs besides the forward, in the curve's unit (the drafting already done).
-        One array pass over every candidate count; the first count reaching the best rate wins."""
-        gains = np.empty(len(scores) + 1)
-        gains[0] = 1.0 + fixed_gain
-        gains[1:] = scores
-        np.cumsum(gains, out=gains)
-        rates = gains / (overhead + self._counts(fixed + 1, len(scores) + 1))
+        ``overhead``: what the step costs besides the forward, in the curve's unit (the drafting already done)."""
+        counts, _ = self.best_counts(fixed, fixed_gain, np.asarray(scores, dtype=np.float64)[None], np.array([overhead]))
+        return int(counts[0])
+
+    def best_counts(self, fixed: int, fixed_gain: float, scores: np.ndarray,
+                    overheads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`best_count` for every row of ``scores`` ``[R, n]``, each with its overhead, in one array pass
+        over every candidate count (the first count reaching a row's best rate wins, so a row padded with zeros
+        never takes its padding); and each row's expected tokens there (1 + ``fixed_gain`` + its scores')."""
+        rows, n = scores.shape
+        gains = np.empty((rows, n + 1))
+        gains[:, 0] = 1.0 + fixed_gain
+        gains[:, 1:] = scores
+        np.cumsum(gains, axis=1, out=gains)
+        rates = gains / (overheads[:, None] + self._counts(fixed + 1, n + 1))
         rates[np.isnan(rates)] = -np.inf  # a NaN score never wins (nor does any count after it)
-        return int(np.argmax(rates))
+        counts = np.argmax(rates, axis=1)
+        return counts, gains[np.arange(rows), counts]
 
     def _counts(self, first: int, n: int) -> np.ndarray:
         """The latency of ``first, first + 1, ...`` (``n`` counts), kept while the points and the context stay:

@@ -59,8 +59,9 @@ class Drafter(Protocol):
 
     def draft(self, context: Sequence[int], budget: int, stats: Stats, chain: Sequence[int] = (),
               objective: Objective | None = None) -> Tree:
-        """At most ``budget`` nodes. With ``objective``: ``chain`` (retrieved tokens) is checked in the first
-        forward, and the objective decides the depth and the nodes kept; without: the fixed depth and pruning."""
+        """At most ``budget`` nodes, in a new Tree the caller may change (it grafts into it). With ``objective``:
+        ``chain`` (retrieved tokens) is checked in the first forward, and the objective decides the depth and
+        the nodes kept; without: the fixed depth and pruning."""
 
     def observe(self, step: Step) -> None: ...
 
@@ -142,16 +143,14 @@ class GraftProposer:
         ranked = np.array([pool.nodes[i].score for i in pool.ranked()], dtype=np.float64)
         bucket = objective.bucket(ranked)
         tree, drafted = Tree(), objective.should_draft(bucket)
-        raw: list[float] = []
         line: list[int] = []
+        line_probs: list[float] = []
         if drafted:
             tree = drafter.draft(context, self.budget, stats, self._chain(pool), objective)
-            raw = [n.score for n in tree.nodes]
             line = _best_path(tree)  # its best path is calibrated, to compete fairly with retrieved nodes
-            scores = list(raw)
-            for i, p in zip(line, objective.calibrated(np.array([raw[i] for i in line]))):
-                scores[i] = float(p)
-            tree = tree.rescored(scores, [n.raw for n in tree.nodes])
+            line_probs = [tree.nodes[i].score for i in line]
+            for i, p in zip(line, objective.calibrated(np.array(line_probs))):
+                tree.nodes[i].score = float(p)
         t2 = perf_counter()
         if self.tail and len(tree):
             self._tail(pool, tree, context, self.budget)
@@ -161,7 +160,7 @@ class GraftProposer:
         stats.times["retrieve"] += t1 - t0 + perf_counter() - t2
         self.trace.append({"draft": kept, "retrieved": len(tree) - kept, "levels": drafter.levels if drafted else 0})
         self._step = _Pending(bucket, drafted, t2 - t1, list(drafter.forward_rows) if drafted else [],
-                              [raw[i] for i in line], line, perf_counter())
+                              line_probs, line, perf_counter())
         return tree
 
     def _chain(self, pool: Tree) -> list[int]:
@@ -188,14 +187,12 @@ class GraftProposer:
     def _graft(self, tree: Tree, pool: Tree, overhead: float = 0.0) -> Tree:
         """Graft ``pool`` best-first into the free slots, then keep only as many of the new nodes as pay for
         their verification (expected tokens per second under the latency model, after ``overhead`` spent)."""
-        drafted = len(tree)
-        merged = tree.copy()  # the drafter's tree stays the drafter's
-        merged.graft(pool, self.budget)
-        new = merged.nodes[drafted:]  # added best-first, so every prefix of them is prefix-closed
+        drafted, gain = len(tree), sum(n.score for n in tree.nodes)
+        tree.graft(pool, self.budget)  # the drafter's tree is ours to change (Drafter.draft)
+        new = tree.nodes[drafted:]  # added best-first, so every prefix of them is prefix-closed
         if new:
-            merged.truncate(drafted + self.latency.best_count(drafted, sum(n.score for n in tree.nodes),
-                                                              [n.score for n in new], overhead))
-        return merged
+            tree.truncate(drafted + self.latency.best_count(drafted, gain, [n.score for n in new], overhead))
+        return tree
 
     def _calibrated(self, retriever: Retriever, found: Tree) -> Tree:
         """One calibration layer per source: the proposer's (a copy), unless the retriever keeps its own (its

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from itertools import accumulate
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Sequence
@@ -92,22 +93,29 @@ class Objective:
         return sum(self.draft_cost(r) for r in rows)
 
     # --- decisions ----------------------------------------------------------------------------------------------
-    def best(self, scores: np.ndarray, spent: float, line: np.ndarray | None = None) -> Plan:
+    def best(self, scores: np.ndarray, spent: float, line: Sequence[float] = ()) -> Plan:
         """How many of ``scores`` (the drafter's own path probabilities, best first) to verify after ``spent``
         units of drafting, and the rate; ``line``: the probabilities along the best path, which count as
         calibrated (the rest as they are: siblings are rarely what the target picks)."""
-        count = self.latency.best_count(0, 0.0, scores, overhead=spent)
-        gain = 1.0 + float(np.sum(scores[:count]))
-        if line is not None:
-            gain += float(np.sum(self.calibrated(line) - line))
-        return Plan(count, gain / (spent + self.verify_cost(count)))
+        return self._plans(np.asarray(scores, dtype=np.float64)[None], [spent], [self._lift(line)])[0]
 
-    def extend(self, frontier: np.ndarray, plan: Plan, spent: float) -> bool:
+    def _plans(self, scores: np.ndarray, spent: Sequence[float], lifts: Sequence[float]) -> list[Plan]:
+        """:meth:`best` for each row of ``scores`` ``[R, n]`` (a row shorter than ``n`` padded with zeros), in
+        one array pass: ``spent`` and ``lifts`` (what calibrating the best path adds) per row."""
+        counts, gains = self.latency.best_counts(0, 0.0, scores, np.asarray(spent, dtype=np.float64))
+        return [Plan(count, (gain + lift) / (cost + self.verify_cost(count)))
+                for count, gain, lift, cost in zip(counts.tolist(), gains.tolist(), lifts, spent)]
+
+    def _lift(self, line: Sequence[float]) -> float:
+        """What calibrating the best path's probabilities adds to their sum."""
+        return sum(p**self.power - p for p in line)
+
+    def extend(self, frontier: Sequence[float], plan: Plan, spent: float) -> bool:
         """Whether one more draft level over ``frontier`` (its path probabilities, best first) raises the
         step's rate: the best node's child counts as calibrated, the others' as they are."""
         if not len(frontier):
             return False
-        gain = self.confidence * float(self.calibrated(frontier[:1])[0] + np.sum(frontier[1:]))
+        gain = self.confidence * (frontier[0] ** self.power + sum(frontier[1:]))
         cost = self.draft_cost(len(frontier)) + self.verify_cost(plan.count + len(frontier)) - self.verify_cost(plan.count)
         base = plan.rate * (spent + self.verify_cost(plan.count))
         return (base + gain) / (spent + self.verify_cost(plan.count) + cost) > plan.rate
@@ -117,18 +125,30 @@ class Objective:
         and the pool's best then; ``rows``: the rows of each forward. The levels are walked as the per-level rule
         walks them, and where it would have stopped is the next draft's depth (one level deeper when it would
         have gone on). Returns how many of the pool's best nodes to keep."""
-        line, stop, plan = [], 0, Plan(0, 0.0)
-        for level, (cum, best) in enumerate(levels, start=1):
+        if not levels:
+            return 0
+        best = np.full((len(levels), max(len(b) for _, b in levels)), -math.inf)
+        for i, (_, ranked) in enumerate(levels):
+            best[i, : len(ranked)] = ranked
+        paid = list(accumulate((self.draft_cost(r) for r in rows), initial=0.0))
+        spent = [paid[min(level, len(rows))] for level in range(1, len(levels) + 1)]
+        lifts, line = [], []  # line: the best path's newest node at every level, as a probability
+        for cum, _ in levels:
             if cum:
-                if line:
-                    self.observe_confidence(line[-1], cum[0])
-                line.append(cum[0])  # the best path's newest node
-            spent = sum(self.draft_cost(r) for r in rows[:level])
-            plan = self.best(np.exp(np.array(best)), spent, np.exp(np.array(line)))
-            if not stop and (level >= self.max_levels or not self.extend(np.exp(np.array(cum)), plan, spent)):
+                line.append(math.exp(cum[0]))
+            lifts.append(self._lift(line))
+        plans = self._plans(np.exp(best), spent, lifts)
+        stop, last = 0, None
+        for level, ((cum, _), plan) in enumerate(zip(levels, plans), start=1):
+            if cum:  # the confidence is learnt level by level, as the per-level rule learns it
+                if last is not None:
+                    self.observe_confidence(last, cum[0])
+                last = cum[0]
+            if not stop and (level >= self.max_levels or not self.extend([math.exp(c) for c in cum], plan,
+                                                                          spent[level - 1])):
                 stop = level
         self.levels = stop or min(self.max_levels, len(levels) + 1)
-        return plan.count
+        return plans[-1].count
 
     def bucket(self, retrieved: np.ndarray) -> int:
         """Retrieval's confidence this step: the expected accepted tokens of its own best tree, rounded."""

@@ -47,32 +47,36 @@ class Pool:
         self.blocks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (tokens, parents, cum log-probs)
         self.size = 0
         self.earlier = 0  # nodes in every block but the newest
+        self._joined: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # the blocks, concatenated
 
     def add(self, tokens: torch.Tensor, parents: torch.Tensor, cum: torch.Tensor) -> int:
         """Append one level's candidates; return the pool index of the first."""
         base = self.size
         self.blocks.append((tokens, parents, cum))
-        self.earlier, self.size = base, base + tokens.shape[0]
+        self.earlier, self.size, self._joined = base, base + tokens.shape[0], None
         return base
+
+    def arrays(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Tokens, parents and cumulative log-probs of the whole pool (concatenated once per level added)."""
+        if self._joined is None:
+            self._joined = tuple(torch.cat(column) for column in zip(*self.blocks))  # type: ignore[assignment]
+        return self._joined  # type: ignore[return-value]
 
     def best(self, n: int) -> torch.Tensor:
         """The ``n`` best cumulative log-probs of the pool, best first (float64, for one read)."""
-        return torch.topk(torch.cat([cum for _, _, cum in self.blocks]).double(), n).values
+        return torch.topk(self.arrays()[2].double(), n).values
 
     def best_at(self, sizes: Sequence[int], n: int) -> torch.Tensor:
         """``[len(sizes), n]``: for each earlier size of the pool, the ``n`` best cumulative log-probs of its
         nodes then (-inf past them), best first: a planned draft's levels, in one call."""
-        cum = torch.cat([cum for _, _, cum in self.blocks]).double()
+        cum = self.arrays()[2].double()
         then = torch.arange(cum.shape[0], device=cum.device)[None] < torch.tensor(sizes, device=cum.device)[:, None]
         return torch.topk(torch.where(then, cum[None], -math.inf), n, dim=1).values
-
-    def arrays(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return tuple(torch.cat(column) for column in zip(*self.blocks))  # type: ignore[return-value]
 
     def settled(self, keep: int, best: torch.Tensor) -> torch.Tensor:
         """Whether ``keep`` nodes already outscore ``best`` (a deeper node's bound), as a device bool. Scores
         are compared as Tree holds them, ``exp`` in float64 (equal when both underflow)."""
-        scores = torch.cat([cum for _, _, cum in self.blocks]).double().exp()
+        scores = self.arrays()[2].double().exp()
         return torch.topk(scores, keep).values[-1] > best.double().exp()
 
     def select(self, cum: torch.Tensor, keep: int) -> torch.Tensor:
@@ -199,7 +203,8 @@ class TreeDrafter:
         # index -1, stays empty: the root's, so the root's children look it up like every other node
         rows = self.tree_rows + (cap - 1) * self.top_k
         ancestors = torch.zeros((rows + 1, rows), dtype=torch.bool, device=frontier.cum.device)
-        ancestors[: self.tree_rows, : self.tree_rows].fill_(True).tril_()  # a checked chain: each row sees those before
+        if self.tree_rows:  # a checked chain: each row sees those before
+            ancestors[: self.tree_rows, : self.tree_rows].fill_(True).tril_()
         frontier_cum, settled, line = [], False, []  # host copies, at the levels that read them
         levels: list[tuple[torch.Tensor, int]] = []  # planned: each level's frontier (unread) and pool size
         self.levels, keep = 1, budget
@@ -239,9 +244,9 @@ class TreeDrafter:
                             objective.observe_confidence(line[-1], frontier_cum[0])
                         line.append(frontier_cum[0])  # the best path's newest node
                     spent = objective.spent(perf_counter() - clock, self.forward_rows)
-                    plan = objective.best(np.exp(np.array(host[len(host) - ranked :])), spent, np.exp(np.array(line)))
+                    plan = objective.best(np.exp(np.array(host[len(host) - ranked :])), spent, [_prob(c) for c in line])
                     keep = plan.count
-                    if not deeper or not objective.extend(np.exp(np.array(frontier_cum)), plan, spent):
+                    if not deeper or not objective.extend([_prob(c) for c in frontier_cum], plan, spent):
                         break
                 elif not deeper:
                     break
@@ -261,7 +266,7 @@ class TreeDrafter:
             frontier = self._children(pool, frontier, logp, start)
         more, ranked = [], min(budget, pool.size)
         if planned:  # per level: the frontier's log-probs, and the pool's best then, in the final read
-            more = [torch.cat([f for f, _ in levels]).double(), pool.best_at([n for _, n in levels], ranked).flatten()]
+            more = [torch.cat([f for f, _ in levels]), pool.best_at([n for _, n in levels], ranked).flatten()]
         tree, read = self._finish(pool, fed, keep, more)
         if planned:
             widths = np.cumsum([0] + [len(f) for f, _ in levels])
@@ -330,13 +335,12 @@ class TreeDrafter:
         up = parents[chosen]
         inside = torch.searchsorted(chosen, up.clamp(min=0))  # a parent's place among the chosen (it always is)
         fed_nodes = torch.cat(fed) if fed else chosen[:0]
-        columns = [tokens[chosen], torch.where(up < 0, up, inside), cum[chosen],
-                   fed_nodes, parents[fed_nodes], tokens[fed_nodes]]
-        read = torch.cat([column.double() for column in columns] + list(more)).tolist()
+        ids = torch.cat([tokens[chosen], torch.where(up < 0, up, inside), fed_nodes, parents[fed_nodes], tokens[fed_nodes]])
+        read = torch.cat([ids.double(), cum[chosen].double(), *(column.double() for column in more)]).tolist()
         n, m = chosen.shape[0], fed_nodes.shape[0]
         tree = Tree.from_arrays([int(t) for t in read[:n]], [int(p) for p in read[n : 2 * n]],
-                                [math.exp(c) for c in read[2 * n : 3 * n]], SOURCE)
-        nodes, ups, fed_tokens = (read[3 * n + i * m : 3 * n + (i + 1) * m] for i in range(3))
+                                [math.exp(c) for c in read[2 * n + 3 * m : 3 * n + 3 * m]], SOURCE)
+        nodes, ups, fed_tokens = (read[2 * n + i * m : 2 * n + (i + 1) * m] for i in range(3))
         self.fed = {int(node): row for row, node in enumerate(nodes)}
         self._fed_children = {(int(up), int(token)): int(node) for node, up, token in zip(nodes, ups, fed_tokens)}
         return tree, read[3 * n + 3 * m :]

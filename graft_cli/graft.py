@@ -140,7 +140,7 @@ class GraftProposer:
         t0 = perf_counter()
         pool = self._retrieved(context, self.budget)
         t1 = perf_counter()
-        ranked = np.array([pool.nodes[i].score for i in pool.ranked()], dtype=np.float64)
+        ranked = np.array(sorted((n.score for n in pool.nodes), reverse=True), dtype=np.float64)
         bucket = objective.bucket(ranked)
         tree, drafted = Tree(), objective.should_draft(bucket)
         line: list[int] = []

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graft_cli.budget import LatencyModel
+from graft_cli.budget import DEFAULT_LATENCY, LatencyModel
 from graft_cli.errors import GraftError
 from graft_cli.graft import GraftProposer
 from graft_cli.objective import MAX_LEVELS, Objective
@@ -63,6 +63,7 @@ class MethodConfig:
     draft_vocab: int | None = None  # draft models: score only the N lowest ids + special tokens (None/0: all)
     draft_window: int | None = None  # draft models: prompt tokens read at most (None: the device's default; 0: all)
     tree: str | None = None  # "cost" (graft's default with a drafter: graft_cli/objective.py) or "fixed"
+    curve: str | None = None  # "cpu" or "cuda": choose trees by that device's default latency curve, not this one's
 
     def __post_init__(self) -> None:
         if not isinstance(self.options, Options):  # a plain dict from a caller: the same keys, reads now counted
@@ -119,6 +120,8 @@ def check(config: MethodConfig) -> None:
         raise GraftError(f"--draft-window must be 0 (the whole prompt) or more than {MIN_WINDOW} tokens")
     if config.tree not in (None, "cost", "fixed"):
         raise GraftError(f"--tree must be 'cost' or 'fixed', got '{config.tree}'")
+    if config.curve is not None and config.curve not in DEFAULT_LATENCY:
+        raise GraftError(f"curve={config.curve}: choose trees by one of {', '.join(DEFAULT_LATENCY)}'s latency curves")
     if config.tree == "cost" and (method != "graft" or not config.draft):
         raise GraftError("--tree cost chooses a drafter's tree: it needs --method graft and --draft")
 
@@ -184,12 +187,12 @@ def build(config: MethodConfig, loaded, latency: LatencyModel | None = None) -> 
         vocab_size=loaded.model.config.vocab_size, device=device, tokenizer=loaded.tokenizer, options=config.options
     )
     measured, objective = latency, None
-    latency = latency or LatencyModel.default(device)
+    latency = latency or LatencyModel.default(config.curve or device)
     if drafter is not None and tree_mode(config) == "cost":
         from graft_cli.profile import cap, latency_model
 
-        try:
-            latency = measured or latency_model(loaded)  # measured once per model and device, then cached
+        try:  # measured once per model and device, then cached (unless another device's curve is asked for)
+            latency = measured or (latency if config.curve else latency_model(loaded))
         except GraftError:  # a model built in memory has no checksum to file a profile under
             pass
         # off the CPU a read of the device stalls its queue: the depth is planned before each draft

@@ -228,3 +228,21 @@ def test_graft_with_a_drafter_builds_by_cost_unless_fixed(monkeypatch):
                 MethodConfig("graft", draft="d", tree="deep")]:
         with pytest.raises(GraftError):
             methods.build(bad, loaded)
+
+
+def test_trees_chosen_by_another_devices_curve(monkeypatch):
+    """``curve=cuda`` on a CPU: trees are chosen as a GPU's costs would choose them (the GPU projection's runs),
+    by the fixed tree and by the cost-aware one alike; an unknown device is refused."""
+    loaded = tiny_loaded(tiny_model(seed=1))
+    from graft_cli.budget import DEFAULT_LATENCY
+    from graft_cli.drafters import registry
+
+    monkeypatch.setattr(registry, "load_drafter", lambda kind, env: DraftModelDrafter(
+        tiny_model(seed=2), VOCAB, env.depth, env.top_k, env.prune, env.chain))
+    retrieval = methods.build(MethodConfig("graft", curve="cuda"), loaded)
+    assert retrieval.latency.points == DEFAULT_LATENCY["cuda"]
+    cost = methods.build(MethodConfig("graft", draft="d", curve="cuda"), loaded)
+    assert cost.objective.latency.points == DEFAULT_LATENCY["cuda"] and cost.latency is cost.objective.latency
+    assert methods.build(MethodConfig("graft"), loaded).latency.points == DEFAULT_LATENCY["cpu"]
+    with pytest.raises(GraftError, match="curve=tpu"):
+        methods.build(MethodConfig("graft", curve="tpu"), loaded)

@@ -10,8 +10,9 @@ This prices each turn's steps by a GPU's costs instead of this CPU's:
 in one-token target forwards: ``curve`` is the verification latency by tokens fed (graft's CUDA default, flat
 while the GPU is memory-bound, or ``--curve N:COST,...``), ``share`` a draft forward's cost against a one-token
 target forward (``--draft-share``) and ``host`` the host's time per step (``--host-ms``, over ``--target-ms``).
-Plain decoding costs 1 a token. Only the decoding is priced (the prefill gives the first token). A question's projected speedup is its tokens over its steps' cost; the run's is
-the mean over questions, as ``graft bench`` averages Spec-Bench.
+Plain decoding costs 1 a token; only the decoding is priced (the prefill gives the first token). A question's
+projected speedup is its tokens over its steps' cost; the run's is the mean over questions, as ``graft bench``
+averages Spec-Bench.
 
 It is a projection: the curve and the share are assumptions until ``benchmarks/gpu_check.py`` has measured them
 on a GPU. (``benchmarks/replay.py`` cannot price an EAGLE-3 head's run: the head reads the target's hidden

@@ -91,7 +91,8 @@ class LatencyModel:
     def best_count(self, fixed: int, fixed_gain: float, scores: Sequence[float], overhead: float = 0.0) -> int:
         """How many of ``scores`` (best first) to verify on top of ``fixed`` nodes: max expected tokens/second.
         ``overhead``: what the step costs besides the forward, in the curve's unit (the drafting already done)."""
-        counts, _ = self.best_counts(fixed, fixed_gain, np.asarray(scores, dtype=np.float64)[None], np.array([overhead]))
+        row = np.asarray(scores, dtype=np.float64)[None]
+        counts, _ = self.best_counts(fixed, fixed_gain, row, np.array([overhead]))
         return int(counts[0])
 
     def best_counts(self, fixed: int, fixed_gain: float, scores: np.ndarray,

@@ -335,7 +335,8 @@ class TreeDrafter:
         up = parents[chosen]
         inside = torch.searchsorted(chosen, up.clamp(min=0))  # a parent's place among the chosen (it always is)
         fed_nodes = torch.cat(fed) if fed else chosen[:0]
-        ids = torch.cat([tokens[chosen], torch.where(up < 0, up, inside), fed_nodes, parents[fed_nodes], tokens[fed_nodes]])
+        ids = torch.cat([tokens[chosen], torch.where(up < 0, up, inside),
+                         fed_nodes, parents[fed_nodes], tokens[fed_nodes]])
         read = torch.cat([ids.double(), cum[chosen].double(), *(column.double() for column in more)]).tolist()
         n, m = chosen.shape[0], fed_nodes.shape[0]
         tree = Tree.from_arrays([int(t) for t in read[:n]], [int(p) for p in read[n : 2 * n]],

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from itertools import accumulate
 from dataclasses import dataclass, field
+from itertools import accumulate
 from statistics import median
 from typing import Sequence
 

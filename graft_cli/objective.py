@@ -132,11 +132,11 @@ class Objective:
             best[i, : len(ranked)] = ranked
         paid = list(accumulate((self.draft_cost(r) for r in rows), initial=0.0))
         spent = [paid[min(level, len(rows))] for level in range(1, len(levels) + 1)]
-        lifts, line = [], []  # line: the best path's newest node at every level, as a probability
+        lifts, lift = [], 0.0  # what calibrating the best path adds, level by level (its newest node: cum[0])
         for cum, _ in levels:
             if cum:
-                line.append(math.exp(cum[0]))
-            lifts.append(self._lift(line))
+                lift += self._lift([math.exp(cum[0])])
+            lifts.append(lift)
         plans = self._plans(np.exp(best), spent, lifts)
         stop, last = 0, None
         for level, ((cum, _), plan) in enumerate(zip(levels, plans), start=1):

@@ -340,7 +340,7 @@ class TreeDrafter:
         read = torch.cat([ids.double(), cum[chosen].double(), *(column.double() for column in more)]).tolist()
         n, m = chosen.shape[0], fed_nodes.shape[0]
         tree = Tree.from_arrays([int(t) for t in read[:n]], [int(p) for p in read[n : 2 * n]],
-                                [math.exp(c) for c in read[2 * n + 3 * m : 3 * n + 3 * m]], SOURCE)
+                                [_prob(c) for c in read[2 * n + 3 * m : 3 * n + 3 * m]], SOURCE)
         nodes, ups, fed_tokens = (read[2 * n + i * m : 2 * n + (i + 1) * m] for i in range(3))
         self.fed = {int(node): row for row, node in enumerate(nodes)}
         self._fed_children = {(int(up), int(token)): int(node) for node, up, token in zip(nodes, ups, fed_tokens)}

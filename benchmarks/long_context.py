@@ -10,7 +10,7 @@ API every version of graft has, so the same script measures two checkouts side b
 
     python benchmarks/long_context.py datasets --out /tmp/long-context
     python benchmarks/long_context.py steps --contexts 512,2048,4096,7900 --threads 1
-    python benchmarks/long_context.py prefill --context 4096 --chunks 256,512,1024,4096
+    python benchmarks/long_context.py prefill --context 4096 --chunks 256,512,1024,4096 [--bound]
 """
 
 from __future__ import annotations
@@ -161,16 +161,62 @@ def ab(args) -> None:
 
 
 def prefill(args) -> None:
-    """Prefill tokens/s at one context for several chunk sizes (this checkout's Target only)."""
+    """Prefill tokens/s at one context for several chunk sizes (this checkout's Target only); with ``--bound``,
+    also the most any fp32 kernel could give on this CPU."""
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model, device="cpu")
     ids = encode(loaded.tokenizer, ASK.format("\n".join(module_source("argparse"))), raw=True)[: args.context]
+    best = 0.0
     for chunk in [int(c) for c in args.chunks.split(",")]:
         target = Target(loaded.model, chunk=chunk)
         t0 = time.perf_counter()
         target.prefill(ids)
         seconds = time.perf_counter() - t0
+        best = max(best, len(ids) / seconds)
         print(f"context {len(ids)}, chunk {chunk:5d}: {seconds:6.2f} s ({len(ids) / seconds:5.0f} tok/s)", flush=True)
+    if args.bound:
+        config = loaded.model.config
+        linear, attention = prefill_flops(config, len(ids))
+        rate = gemm_ceiling(loaded.model, max(int(c) for c in args.chunks.split(",")))
+        ceiling = len(ids) / ((linear + attention) / rate)
+        print(f"prefill of {len(ids)} tokens: {linear / 1e9:.0f} GFLOP of linears + {attention / 1e9:.0f} GFLOP of "
+              f"causal attention; the fastest fp32 matmul here: {rate / 1e9:.1f} GFLOP/s; so at most "
+              f"{ceiling:.0f} tok/s, {ceiling / best:.2f}x the best measured above", flush=True)
+
+
+def prefill_flops(config, tokens: int) -> tuple[float, float]:
+    """The multiply-adds (x2) a prefill cannot skip: every layer's projections and MLP for every token (the LM head
+    runs for the last one only), and causal attention (QK and PV over the n(n+1)/2 visible pairs of each head)."""
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    per_layer = hidden * head_dim * (2 * heads + 2 * kv) + 3 * hidden * config.intermediate_size
+    layers = config.num_hidden_layers
+    linear = 2.0 * per_layer * layers * tokens
+    attention = 2.0 * 2 * head_dim * heads * layers * tokens * (tokens + 1) / 2
+    return linear, attention
+
+
+def gemm_ceiling(model: torch.nn.Module, rows: int, repeats: int = 7) -> float:
+    """The best fp32 FLOP/s on this CPU of the model's own linear layers (graft's packed oneDNN path, over
+    ``rows`` rows) and of ``torch.mm`` on a large square: an upper bound for every kernel of the prefill,
+    attention included."""
+    calls = {}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and module.out_features < 16384:  # not the LM head (one row)
+            x = torch.randn(rows, module.in_features)
+            calls.setdefault((module.in_features, module.out_features), (module, x, 2.0 * rows * module.weight.numel()))
+    a = torch.randn(2048, 2048)
+    calls["square"] = (lambda m: torch.mm(m, m), a, 2.0 * 2048**3)
+    best = 0.0
+    with torch.inference_mode():
+        for call, x, flops in calls.values():
+            call(x)
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                call(x)
+                best = max(best, flops / (time.perf_counter() - t0))
+    return best
 
 
 def main() -> None:
@@ -197,6 +243,8 @@ def main() -> None:
     p = sub.add_parser("prefill", parents=[timed], help="prefill tokens/s for several chunk sizes")
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--chunks", default="256,512,1024,4096")
+    p.add_argument("--bound", action="store_true", help="also print the fp32 ceiling: the prefill's FLOPs at this "
+                   "CPU's fastest matmul rate")
     args = parser.parse_args()
     {"datasets": datasets, "steps": steps, "ab": ab, "prefill": prefill}[args.command](args)
 

@@ -54,7 +54,9 @@ def decode(
     first = pick(out.logits[-1], sampling, noise, 0)
     context = [*prompt, first]
     stats.times["prefill"] += perf_counter() - clock
+    t0 = perf_counter()
     proposer.start(prompt, Step(context, [first], Tree(), list(range(len(prompt))), out.logits, out.hidden), capacity)
+    stats.times["start"] += perf_counter() - t0  # a draft model's own prefill, the retrievers' indexing
     new = [first]
     while True:
         new = _clip(new, max_new_tokens - stats.new_tokens, stop_ids)

@@ -76,6 +76,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import graft_cli.drafters as drafters  # noqa: E402
+import graft_cli.drafters.draft_model as draft_model  # noqa: E402
 import graft_cli.graft as graft  # noqa: E402
 from graft_cli import engine  # noqa: E402
 from graft_cli.bench.datasets import load_questions, resolve_dataset  # noqa: E402
@@ -302,6 +303,9 @@ class Measured:
         return lines
 
 
+CLOCKED = (engine, graft, drafters, draft_model)  # the modules whose perf_counter a decision reads
+
+
 def measure(loaded, prompts: list[list[int]], config: MethodConfig, max_new_tokens: int = 64, repeat: int = 3,
             in_run: bool = False, target_ms: float = 9.0, draft_share: float = 0.35, read_per_level: bool = False,
             clock: Callable[[], float] = thread_time) -> Measured:
@@ -309,14 +313,14 @@ def measure(loaded, prompts: list[list[int]], config: MethodConfig, max_new_toke
     ``repeat`` replays (or, ``in_run``, the record pass timed itself); the quietest timed pass. The patches it
     makes (clocks, the cache's update, ``engine.accept``) are undone on return."""
     patched = [(PositionLayer, "update", PositionLayer.update), (engine, "accept", engine.accept),
-               *((module, "perf_counter", module.perf_counter) for module in (engine, graft, drafters))]
+               *((module, "perf_counter", module.perf_counter) for module in CLOCKED)]
     try:
         target = Target(loaded.model)
         phases = Phases(clock)
         replay = Replay(target_ms / 1e3, draft_share)
         instrument_target(phases, replay, target)
         PositionLayer.update = replay.recording()
-        for module in (engine, graft, drafters):  # every clock a decision reads: the modelled one, in every pass
+        for module in CLOCKED:  # every clock a decision reads: the modelled one, in every pass
             module.perf_counter = replay.clock
         stops = stop_ids(loaded)
 

@@ -15,6 +15,7 @@ import numpy as np
 from graft_cli.budget import Calibration, LatencyModel
 from graft_cli.objective import Objective
 from graft_cli.stats import Stats
+from graft_cli.target import ROOM
 from graft_cli.tree import ROOT, Tree
 from plugins.base import Retriever, Step, complete
 
@@ -52,6 +53,7 @@ class Drafter(Protocol):
     wants_hidden: bool  # whether observe() needs the target's hidden states (EAGLE heads do)
     levels: int  # tree levels the last draft grew (the trace records them)
     forward_rows: list[int]  # rows fed by each forward of the last draft (the objective measures their cost)
+    catch_up_s: float  # seconds the last draft spent first reading the request's prompt (a cost of joining)
 
     def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
         """A new request that may reach ``capacity`` positions (prompt, new tokens and a tree): a drafter with a
@@ -62,6 +64,10 @@ class Drafter(Protocol):
         """At most ``budget`` nodes, in a new Tree the caller may change (it grafts into it). With ``objective``:
         ``chain`` (retrieved tokens) is checked in the first forward, and the objective decides the depth and
         the nodes kept; without: the fixed depth and pruning."""
+
+    def unread(self, context: Sequence[int]) -> int:
+        """Context tokens the next draft must read first: what joining the request costs a drafter that reads
+        its prompt lazily (0 for one that read it at ``start``)."""
 
     def observe(self, step: Step) -> None: ...
 
@@ -101,9 +107,13 @@ class GraftProposer:
         self.failed: set[str] = set()  # retrievers that raised (warned about once)
         self.objective = objective  # with a drafter: the cost-aware tree builder (else fixed depth and pruning)
         self._step: _Pending | None = None
+        self._end = 0  # the context length at which the request ends (its last new token)
+        self._joined = False  # whether the drafter has drafted in this request (read its prompt)
+        self._alone = (0, 0.0, 0)  # this request's steps before it: accepted tokens, verification cost, steps
 
     def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
         self.trace = []
+        self._end, self._joined, self._alone = capacity - ROOM, False, (0, 0.0, 0)
         if self.drafter:
             self.drafter.start(prompt, prefill, capacity)
         for retriever in self.retrievers:
@@ -143,6 +153,9 @@ class GraftProposer:
         ranked = np.array(sorted((n.score for n in pool.nodes), reverse=True), dtype=np.float64)
         bucket = objective.bucket(ranked)
         tree, drafted = Tree(), objective.should_draft(bucket)
+        if drafted and not self._joined:  # a drafter joins a request only when that pays for reading its prompt
+            unread = drafter.unread(context)
+            drafted = self._joined = not unread or objective.should_join(self._alone, unread, self._end - len(context))
         line: list[int] = []
         line_probs: list[float] = []
         if drafted:
@@ -156,10 +169,12 @@ class GraftProposer:
             self._tail(pool, tree, context, self.budget)
         kept = len(tree)
         if len(pool):
-            tree = self._graft(tree, pool, objective.spent(t2 - t1, drafter.forward_rows if drafted else []))
+            tree = self._graft(tree, pool, objective.spent(t2 - t1 - (drafter.catch_up_s if drafted else 0.0),
+                                                           drafter.forward_rows if drafted else []))
         stats.times["retrieve"] += t1 - t0 + perf_counter() - t2
         self.trace.append({"draft": kept, "retrieved": len(tree) - kept, "levels": drafter.levels if drafted else 0})
-        self._step = _Pending(bucket, drafted, t2 - t1, list(drafter.forward_rows) if drafted else [],
+        draft_s = t2 - t1 - drafter.catch_up_s if drafted else 0.0  # joining is not drafting
+        self._step = _Pending(bucket, drafted, draft_s, list(drafter.forward_rows) if drafted else [],
                               line_probs, line, perf_counter())
         return tree
 
@@ -252,6 +267,9 @@ class GraftProposer:
             done, self._step = self._step, None
             self.objective.measured(done.bucket, done.drafted, len(step.accepted), len(step.tree),
                                     verified_at - done.proposed_at, done.draft_s, done.draft_rows)
+            if not self._joined:
+                tokens, cost, steps = self._alone
+                self._alone = (tokens + len(step.accepted), cost + self.objective.verify_cost(len(step.tree)), steps + 1)
             reached = 0  # how far along the draft's best path the target accepted
             while reached < min(len(done.line), len(accepted)) and done.line[reached] == accepted[reached]:
                 reached += 1

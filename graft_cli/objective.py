@@ -4,6 +4,10 @@ A step costs its draft forwards plus one verification; it buys the expected numb
 1 (the bonus token) plus the sum of the kept nodes' scores (each node's score estimates the probability that the
 target accepts its whole path). Every choice of the tree builder is this one ratio:
 
+- **whether a drafter joins a request**: a draft model reads a request's prompt only when it first drafts. After
+  ``TRIAL`` steps of retrieval alone, it joins when finishing the request at the rate drafting has reached
+  (in earlier requests) instead of retrieval's rate in this one saves more than reading the prompt costs. A summary's
+  article already holds most of its answer, and then the draft model is never paid for;
 - **whether to draft at all**: retrieved chains cost nothing to propose. A step whose retrieval is confident may be
   faster without the drafter; the choice is made from the rates that drafting and not drafting have really reached
   at a similar retrieval confidence (a small contextual bandit over measured step times);
@@ -37,6 +41,7 @@ WINDOW = 16  # steps whose timings the costs of a forward are the median of
 EXPLORE = 8  # a mode that loses in a bucket is still tried every this many visits (conditions change)
 MAX_LEVELS = 24  # draft forwards per step at most, unless --depth says otherwise
 BUCKETS = 8
+TRIAL = 3  # steps of retrieval alone a request runs before a drafter that has not read its prompt may join
 # candidate calibrations of the draft's path probabilities (p ** power): a well-aligned draft model is right far
 # more often than its own probabilities say (Qwen2.5-Coder 0.5B agrees with 1.5B 97% of the time on code)
 POWERS = np.array([0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0])
@@ -167,6 +172,20 @@ class Objective:
         if self.visits.get((bucket, not winner), 0) >= EXPLORE:
             return not winner
         return winner
+
+    def should_join(self, alone: tuple[int, float, int], rows: int, remaining: int) -> bool:
+        """Whether a drafter that has not read this request yet should read its ``rows`` tokens and draft:
+        ``alone`` is this request's steps so far (accepted tokens, verification cost, steps), ``remaining`` the
+        new tokens still to come. Always while drafting has never been measured (to learn what it gives)."""
+        rates = [self.rate(bucket, True) for bucket, drafted in self.rates if drafted]
+        if not rates:
+            return True
+        tokens, cost, steps = alone
+        if steps < TRIAL:
+            return False
+        drafting = sum(rates) / len(rates)
+        saved = remaining * (cost / max(tokens, 1) - 1.0 / drafting)  # latency units, at each rate
+        return saved > self.draft_cost(rows)
 
     # --- measurements -------------------------------------------------------------------------------------------
     def measured(self, bucket: int, drafted: bool, tokens: int, nodes: int, verify_s: float, draft_s: float,

@@ -62,12 +62,13 @@ def test_many_compactions_match_a_fresh_forward_and_never_reallocate():
 
 def test_the_draft_models_cache_is_reserved_once_per_request():
     """The draft model's cache is sized by the request like the target's (prompt, new tokens, tree room): drafting
-    300 tokens past a short prompt never regrows it."""
+    300 tokens past a short prompt never regrows it. It is reserved when the draft first reads the request (its
+    first draft)."""
     model, draft = tiny_model(seed=7, max_position_embeddings=1024), tiny_model(seed=9, max_position_embeddings=1024)
     prompt = np.random.default_rng(2).integers(0, VOCAB, 20).tolist()
     drafter = DraftModelDrafter(draft, VOCAB, depth=4, top_k=3)
     steps = decode(Target(model), GraftProposer(12, drafter=drafter), prompt, Sampling(), 300, set(), 0)
-    next(steps)
+    next(steps), next(steps)  # the first token, then the first drafted step's
     block = drafter.cache.cache.block
     assert block.shape[4] >= 20 + 300
     for _ in steps:

@@ -16,7 +16,7 @@ from graft_cli.engine import decode
 from graft_cli.errors import GraftError
 from graft_cli.graft import GraftProposer
 from graft_cli.methods import MethodConfig
-from graft_cli.objective import EXPLORE, Objective
+from graft_cli.objective import EXPLORE, TRIAL, Objective
 from graft_cli.prune import PruneSchedule
 from graft_cli.sampling import Sampling
 from graft_cli.stats import Stats
@@ -98,6 +98,57 @@ def test_the_bandit_tries_both_modes_then_keeps_the_faster_but_still_looks():
     assert objective.should_draft(7)  # another confidence bucket knows nothing yet
 
 
+def test_a_drafter_joins_a_request_only_when_finishing_faster_pays_for_its_prompt():
+    objective = Objective(FLAT)
+    assert objective.should_join((0, 0.0, 0), rows=500, remaining=100)  # drafting never measured: learn it
+    objective.measured(3, True, 4, 8, 0.1, 0.3, [1, 1, 1])  # drafting: 4 tokens for 1 + 3 x 1 units = 1 a unit
+    assert not objective.should_join((0, 0.0, 0), rows=10, remaining=100)  # retrieval alone is tried first
+    weak = (TRIAL, float(TRIAL), TRIAL)  # retrieval alone: 1 token a unit, as fast as drafting
+    assert not objective.should_join(weak, rows=10, remaining=100)
+    weaker = (TRIAL, 2.0 * TRIAL, TRIAL)  # 0.5 a unit: 100 tokens save 100 units, 64 prompt tokens cost 1.2
+    assert objective.should_join(weaker, rows=64, remaining=100)
+    assert not objective.should_join(weaker, rows=64, remaining=1)  # not this close to the end
+    strong = (4 * TRIAL, float(TRIAL), TRIAL)  # 4 tokens a unit: a summary copying its article
+    assert not objective.should_join(strong, rows=10, remaining=100)
+
+
+class Clocked(Objective):
+    """Timings on a modelled clock (a verification: 10 ms per curve unit; a draft row: 0.35 of that), so that
+    the decisions do not follow this machine's speed."""
+
+    def measured(self, bucket, drafted, tokens, nodes, verify_s, draft_s, draft_rows):
+        shape = sum(self.latency(r) for r in draft_rows) / self.latency(1)
+        super().measured(bucket, drafted, tokens, nodes, 0.01 * self.verify_cost(nodes), 0.0035 * shape, draft_rows)
+
+
+def joining(target, draft, drafted_tokens: int) -> tuple[GraftProposer, DraftModelDrafter]:
+    """A cost-aware proposer whose earlier requests measured drafting at ``drafted_tokens`` a step."""
+    drafter = DraftModelDrafter(draft, VOCAB, depth=24, top_k=2, prune=PruneSchedule((), 0.1))
+    proposer = GraftProposer(16, [PromptLookup(), AdjacencyRetriever(VOCAB)], drafter=drafter, latency=FLAT,
+                             objective=Clocked(FLAT))
+    for bucket in range(1, 9):
+        proposer.objective.measured(bucket, True, drafted_tokens, 8, 0.0, 0.0, [1, 1, 1])
+    return proposer, drafter
+
+
+def test_a_draft_model_never_reads_a_request_that_retrieval_carries():
+    """A new request whose prompt holds its answer never prefills a draft model that drafted slower than that;
+    where retrieval finds nothing, it joins after the trial steps. Both texts are plain decoding's."""
+    target, draft = similar_draft("llama", 1)
+    greedy = run(target, GraftProposer(0), list(range(40, 52)), 40)
+    prompt = list(range(40, 52)) + greedy  # plain decoding's own continuation, already in the prompt
+    truth = run(target, GraftProposer(0), prompt, 30)
+    proposer, drafter = joining(target, draft, drafted_tokens=2)
+    assert run(target, proposer, prompt, 30) == truth
+    assert not drafter.joined and not any(r["levels"] for r in proposer.trace)
+    noise = np.random.default_rng(5).integers(0, VOCAB, 24).tolist()
+    truth = run(target, GraftProposer(0), noise, 40)
+    proposer, drafter = joining(target, draft, drafted_tokens=6)
+    assert run(target, proposer, noise, 40) == truth
+    levels = [r["levels"] for r in proposer.trace]
+    assert drafter.joined and not any(levels[:TRIAL]) and any(levels)
+
+
 def test_retrieval_confidence_buckets():
     objective = Objective(FLAT)
     assert objective.bucket(np.array([])) == 1
@@ -113,6 +164,7 @@ def test_a_checked_chain_has_exact_draft_probabilities_and_kv():
     drafter = DraftModelDrafter(draft, VOCAB, depth=4, top_k=2)
     context, chain = list(range(10, 22)), [5, 9, 33]
     drafter.cache.prefill(context[:8])
+    drafter.joined = True  # it has read 8 tokens of the request
     logp, _ = drafter._root_and_chain(context, chain)
     with torch.no_grad():
         fresh = torch.log_softmax(draft(torch.tensor([context + chain])).logits[0, len(context) - 1 :], dim=-1)

@@ -119,6 +119,7 @@ class TreeDrafter:
         self.stopped_at: Checkpoint | None = None  # the checkpoint that stopped the last draft
         self.levels = 0  # levels the last draft grew
         self.forward_rows: list[int] = []  # rows fed by each forward of the last draft (what it cost)
+        self.catch_up_s = 0.0  # seconds the last draft spent first reading a request's prompt (a lazy start)
         self._candidates: Pool | None = None  # the last draft's pool, on the device
         self._pool: Tree | None = None  # ... as a Tree, read back only when asked for
         self._fed_children: dict[tuple[int, int], int] = {}  # (parent, token) -> fed pool node
@@ -169,6 +170,10 @@ class TreeDrafter:
         self._forget()
         self.tree_rows = 0
 
+    def unread(self, context: Sequence[int]) -> int:
+        """Context tokens the next draft must read first (0: a drafter that read the prompt at ``start``)."""
+        return 0
+
     def observe(self, step: Step) -> None:
         self._drop_tree(self._accepted_rows(step.accepted[:-1]))
 
@@ -192,7 +197,7 @@ class TreeDrafter:
         if self.tree_rows:  # observe() was not called after the last draft
             self._drop_tree([])
         self._forget()
-        self.stopped_at, self.levels, self.forward_rows = None, 0, []
+        self.stopped_at, self.levels, self.forward_rows, self.catch_up_s = None, 0, [], 0.0
         if budget <= 0:
             return Tree()
         pool = self._candidates = Pool()
@@ -243,7 +248,7 @@ class TreeDrafter:
                         if line:
                             objective.observe_confidence(line[-1], frontier_cum[0])
                         line.append(frontier_cum[0])  # the best path's newest node
-                    spent = objective.spent(perf_counter() - clock, self.forward_rows)
+                    spent = objective.spent(perf_counter() - clock - self.catch_up_s, self.forward_rows)
                     plan = objective.best(np.exp(np.array(host[len(host) - ranked :])), spent, [_prob(c) for c in line])
                     keep = plan.count
                     if not deeper or not objective.extend([_prob(c) for c in frontier_cum], plan, spent):

@@ -12,6 +12,11 @@ is a quarter of a 0.5B Qwen's weights. A token outside it is never drafted; the 
 so output is unchanged. It is off by default: on a coding prompt with the Qwen pair (CPU), N = 32768 cut τ from
 6.18 to 5.07 and N = 65536 kept τ but saved only 6% of the draft time.
 
+The draft model reads a request's prompt lazily, at its first draft: graft's cost-aware builder may find that
+retrieval alone is faster for this request (a summary copies its article) and never draft, and then the draft
+model's prefill (a third of the target's, for Qwen 0.5B beside 1.5B) is never paid. :meth:`unread` tells the
+proposer what joining would cost; the seconds it took are ``catch_up_s``, kept apart from the draft's own.
+
 With ``--draft-window N`` a prompt longer than N tokens is read by the draft as its first ``SINK`` tokens (which
 attention leans on, wherever the text goes) and its last ``N - SINK``, at positions counted from 0: at 8K tokens on a
 CPU the draft model's own prefill of the whole prompt delays the first token by a third of the target's prefill
@@ -20,6 +25,7 @@ CPU the draft model's own prefill of the whole prompt delays the first token by 
 
 from __future__ import annotations
 
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
@@ -112,15 +118,28 @@ class DraftModelDrafter(TreeDrafter):
             self.column = torch.full((vocab_size,), -1, dtype=torch.long, device=self.cache.device)
             self.column[self.vocab] = torch.arange(len(self.vocab), device=self.cache.device)
         self.root_position = 0
+        self.capacity, self.joined = 0, False  # the request's positions; whether its prompt has been read
 
     def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
         super().start(prompt, prefill, capacity)
-        ids = list(prompt)
-        self.skipped = 0
-        if self.window and len(ids) > self.window:
-            self.skipped = len(ids) - self.window
-            ids = ids[:SINK] + ids[SINK + self.skipped :]
-        self.cache.prefill(ids, capacity=capacity - self.skipped)
+        self.skipped = len(prompt) - self.window if self.window and len(prompt) > self.window else 0
+        self.capacity, self.joined = capacity, False  # the prompt is read at the first draft
+
+    def unread(self, context: Sequence[int]) -> int:
+        read = self.cache.length if self.joined else 0
+        return len(context) - self.skipped - read
+
+    def _join(self, context: Sequence[int]) -> None:
+        """Before a request's first draft: prefill what it has of the context but its last token (the root, fed
+        with the draft's first forward), the window's middle left out; timed as ``catch_up_s``."""
+        self.catch_up_s = 0.0
+        if self.joined:
+            return
+        t0 = perf_counter()
+        ids = list(context[:-1])
+        ids = ids[:SINK] + ids[SINK + self.skipped :] if self.skipped else ids
+        self.cache.prefill(ids, capacity=self.capacity - self.skipped)
+        self.joined, self.catch_up_s = True, perf_counter() - t0
 
     def _logp(self, logits: torch.Tensor) -> torch.Tensor:
         if logits.shape[-1] != self.vocab_size:  # an LM head padded wider than the vocabulary
@@ -134,11 +153,13 @@ class DraftModelDrafter(TreeDrafter):
         return ids if self.column is None else self.column[ids]
 
     def _root(self, context: Sequence[int]) -> tuple[torch.Tensor, Any]:
+        self._join(context)
         return self._feed(context, [])[0], None
 
     def _root_and_chain(self, context: Sequence[int], chain: list[int]) -> tuple[torch.Tensor, Any]:
         """One causal forward of what the cache has not seen of ``context`` followed by ``chain``: the chain's
         rows are the first tree rows, with exactly the keys and values a causal pass gives them."""
+        self._join(context)
         self.forward_rows.append(len(context) - self.skipped - self.cache.length + len(chain))
         return self._feed(context, chain), None
 

@@ -6,7 +6,7 @@ target accepts its whole path). Every choice of the tree builder is this one rat
 
 - **whether a drafter joins a request**: a draft model reads a request's prompt only when it first drafts. After
   ``TRIAL`` steps of retrieval alone, it joins when finishing the request at the rate drafting has reached
-  (in earlier requests) instead of retrieval's rate in this one saves more than reading the prompt costs. A summary's
+  (in earlier requests, over at least ``EVIDENCE`` steps) instead of retrieval's rate in this one saves more than reading the prompt costs. A summary's
   article already holds most of its answer, and then the draft model is never paid for;
 - **whether to draft at all**: retrieved chains cost nothing to propose. A step whose retrieval is confident may be
   faster without the drafter; the choice is made from the rates that drafting and not drafting have really reached
@@ -42,6 +42,7 @@ EXPLORE = 8  # a mode that loses in a bucket is still tried every this many visi
 MAX_LEVELS = 24  # draft forwards per step at most, unless --depth says otherwise
 BUCKETS = 8
 TRIAL = 3  # steps of retrieval alone a request runs before a drafter that has not read its prompt may join
+EVIDENCE = 16  # drafted steps measured (a bench's warm-up gives a few) before drafting's rate can keep it out
 # candidate calibrations of the draft's path probabilities (p ** power): a well-aligned draft model is right far
 # more often than its own probabilities say (Qwen2.5-Coder 0.5B agrees with 1.5B 97% of the time on code)
 POWERS = np.array([0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0])
@@ -72,6 +73,7 @@ class Objective:
     confidence: float = CONFIDENCE_PRIOR
     rates: dict = field(default_factory=dict)  # (bucket, drafted) -> running (tokens, verify cost, draft forwards)
     visits: dict = field(default_factory=dict)  # (bucket, drafted) -> steps since that mode last ran there
+    drafted_steps: int = 0  # steps measured with a draft
     planned: bool = False  # choose the depth before each draft (no read per level: a GPU's queue keeps going)
     levels: int = 0  # planned: the levels the next draft grows (0: max_levels until a draft has been walked)
     power: float = 1.0  # the draft's calibration: a path the drafter gives probability p is accepted p ** power
@@ -176,10 +178,11 @@ class Objective:
     def should_join(self, alone: tuple[int, float, int], rows: int, remaining: int) -> bool:
         """Whether a drafter that has not read this request yet should read its ``rows`` tokens and draft:
         ``alone`` is this request's steps so far (accepted tokens, verification cost, steps), ``remaining`` the
-        new tokens still to come. Always while drafting has never been measured (to learn what it gives)."""
-        rates = [self.rate(bucket, True) for bucket, drafted in self.rates if drafted]
-        if not rates:
+        new tokens still to come. Always while drafting has been measured on fewer than ``EVIDENCE`` steps (to
+        learn what it gives)."""
+        if self.drafted_steps < EVIDENCE:
             return True
+        rates = [self.rate(bucket, True) for bucket, drafted in self.rates if drafted]
         tokens, cost, steps = alone
         if steps < TRIAL:
             return False
@@ -204,6 +207,7 @@ class Objective:
             self._draft_units.append(draft_s / shape)
             self.draft_unit = median(self._draft_units)
         key = (bucket, drafted)
+        self.drafted_steps += drafted
         old = self.rates.get(key, (None, None, None))
         self.rates[key] = (_ema(old[0], tokens), _ema(old[1], self.verify_cost(nodes)), _ema(old[2], shape))
         self.visits[key] = 0

@@ -16,7 +16,7 @@ from graft_cli.engine import decode
 from graft_cli.errors import GraftError
 from graft_cli.graft import GraftProposer
 from graft_cli.methods import MethodConfig
-from graft_cli.objective import EXPLORE, TRIAL, Objective
+from graft_cli.objective import EVIDENCE, EXPLORE, TRIAL, Objective
 from graft_cli.prune import PruneSchedule
 from graft_cli.sampling import Sampling
 from graft_cli.stats import Stats
@@ -101,7 +101,10 @@ def test_the_bandit_tries_both_modes_then_keeps_the_faster_but_still_looks():
 def test_a_drafter_joins_a_request_only_when_finishing_faster_pays_for_its_prompt():
     objective = Objective(FLAT)
     assert objective.should_join((0, 0.0, 0), rows=500, remaining=100)  # drafting never measured: learn it
-    objective.measured(3, True, 4, 8, 0.1, 0.3, [1, 1, 1])  # drafting: 4 tokens for 1 + 3 x 1 units = 1 a unit
+    for _ in range(EVIDENCE - 1):
+        objective.measured(3, True, 4, 8, 0.1, 0.3, [1, 1, 1])  # drafting: 4 tokens for 1 + 3 x 1 units = 1 a unit
+    assert objective.should_join((TRIAL, 4.0 * TRIAL, TRIAL), rows=500, remaining=1)  # too few drafted steps yet
+    objective.measured(3, True, 4, 8, 0.1, 0.3, [1, 1, 1])
     assert not objective.should_join((0, 0.0, 0), rows=10, remaining=100)  # retrieval alone is tried first
     weak = (TRIAL, float(TRIAL), TRIAL)  # retrieval alone: 1 token a unit, as fast as drafting
     assert not objective.should_join(weak, rows=10, remaining=100)
@@ -126,8 +129,8 @@ def joining(target, draft, drafted_tokens: int) -> tuple[GraftProposer, DraftMod
     drafter = DraftModelDrafter(draft, VOCAB, depth=24, top_k=2, prune=PruneSchedule((), 0.1))
     proposer = GraftProposer(16, [PromptLookup(), AdjacencyRetriever(VOCAB)], drafter=drafter, latency=FLAT,
                              objective=Clocked(FLAT))
-    for bucket in range(1, 9):
-        proposer.objective.measured(bucket, True, drafted_tokens, 8, 0.0, 0.0, [1, 1, 1])
+    for bucket in range(EVIDENCE):
+        proposer.objective.measured(1 + bucket % 8, True, drafted_tokens, 8, 0.0, 0.0, [1, 1, 1])
     return proposer, drafter
 
 

@@ -150,6 +150,10 @@ def test_a_draft_model_never_reads_a_request_that_retrieval_carries():
     assert run(target, proposer, noise, 40) == truth
     levels = [r["levels"] for r in proposer.trace]
     assert drafter.joined and not any(levels[:TRIAL]) and any(levels)
+    sampling = Sampling(temperature=0.8, top_k=20)  # joining mid-request changes no sampled token either
+    truth = run(target, GraftProposer(0), noise, 40, sampling=sampling, seed=1)
+    proposer, drafter = joining(target, draft, drafted_tokens=6)
+    assert run(target, proposer, noise, 40, sampling=sampling, seed=1) == truth and drafter.joined
 
 
 def test_retrieval_confidence_buckets():

@@ -168,14 +168,13 @@ class GraftProposer:
         if self.tail and len(tree):
             self._tail(pool, tree, context, self.budget)
         kept = len(tree)
+        draft_s = t2 - t1 - (drafter.catch_up_s if drafted else 0.0)  # joining is not drafting
+        rows = list(drafter.forward_rows) if drafted else []
         if len(pool):
-            tree = self._graft(tree, pool, objective.spent(t2 - t1 - (drafter.catch_up_s if drafted else 0.0),
-                                                           drafter.forward_rows if drafted else []))
+            tree = self._graft(tree, pool, objective.spent(draft_s, rows))
         stats.times["retrieve"] += t1 - t0 + perf_counter() - t2
         self.trace.append({"draft": kept, "retrieved": len(tree) - kept, "levels": drafter.levels if drafted else 0})
-        draft_s = t2 - t1 - drafter.catch_up_s if drafted else 0.0  # joining is not drafting
-        self._step = _Pending(bucket, drafted, draft_s, list(drafter.forward_rows) if drafted else [],
-                              line_probs, line, perf_counter())
+        self._step = _Pending(bucket, drafted, draft_s, rows, line_probs, line, perf_counter())
         return tree
 
     def _chain(self, pool: Tree) -> list[int]:

@@ -5,9 +5,10 @@ A step costs its draft forwards plus one verification; it buys the expected numb
 target accepts its whole path). Every choice of the tree builder is this one ratio:
 
 - **whether a drafter joins a request**: a draft model reads a request's prompt only when it first drafts. After
-  ``TRIAL`` steps of retrieval alone, it joins when finishing the request at the rate drafting has reached
-  (in earlier requests, over at least ``EVIDENCE`` steps) instead of retrieval's rate in this one saves more than reading the prompt costs. A summary's
-  article already holds most of its answer, and then the draft model is never paid for;
+  ``TRIAL`` steps of retrieval alone, it joins when finishing the request at the rate drafting has reached (in
+  earlier requests, over at least ``EVIDENCE`` steps) instead of retrieval's rate in this one saves more than
+  reading the prompt costs. A summary's article already holds most of its answer, and then the draft model is
+  never paid for;
 - **whether to draft at all**: retrieved chains cost nothing to propose. A step whose retrieval is confident may be
   faster without the drafter; the choice is made from the rates that drafting and not drafting have really reached
   at a similar retrieval confidence (a small contextual bandit over measured step times);
@@ -182,10 +183,10 @@ class Objective:
         learn what it gives)."""
         if self.drafted_steps < EVIDENCE:
             return True
-        rates = [self.rate(bucket, True) for bucket, drafted in self.rates if drafted]
         tokens, cost, steps = alone
         if steps < TRIAL:
             return False
+        rates = [self.rate(bucket, True) for bucket, drafted in self.rates if drafted]
         drafting = sum(rates) / len(rates)
         saved = remaining * (cost / max(tokens, 1) - 1.0 / drafting)  # latency units, at each rate
         return saved > self.draft_cost(rows)

@@ -303,6 +303,19 @@ class Measured:
         return lines
 
 
+def _profiled(loaded) -> None:
+    """Measure (or read) the target's latency profile before anything is recorded: the cost-aware builder reads it
+    when a proposer is built, and on a machine that has never profiled this model the profiling forwards would
+    otherwise land in the record and no replay could match it."""
+    from graft_cli.errors import GraftError
+    from graft_cli.profile import latency_model
+
+    try:
+        latency_model(loaded)
+    except GraftError:  # a model built in memory has no checksum to file a profile under: nothing to measure
+        pass
+
+
 CLOCKED = (engine, graft, drafters, draft_model)  # the modules whose perf_counter a decision reads
 
 
@@ -315,6 +328,7 @@ def measure(loaded, prompts: list[list[int]], config: MethodConfig, max_new_toke
     patched = [(PositionLayer, "update", PositionLayer.update), (engine, "accept", engine.accept),
                *((module, "perf_counter", module.perf_counter) for module in CLOCKED)]
     try:
+        _profiled(loaded)
         target = Target(loaded.model)
         phases = Phases(clock)
         replay = Replay(target_ms / 1e3, draft_share)

@@ -1,0 +1,33 @@
+"""benchmarks/host_overhead.py on a machine that has never profiled the target: the cost-aware builder's latency
+profile is measured before the record, so the replays still match it."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from graft_cli.catalog.home import graft_home
+from graft_cli.loading import load_model
+from graft_cli.methods import MethodConfig
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_fresh_home_profiles_before_the_record(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAFT_HOME", str(tmp_path / "home"))
+    gpu_check = load("gpu_check")  # puts benchmarks/ on sys.path: host_overhead's own imports
+    host_overhead = load("host_overhead")
+    target_dir, _ = gpu_check.synthetic_dirs(tmp_path, gpu_check.SMOKE)
+    loaded = load_model(str(target_dir), "cpu", "float32")
+    assert not (graft_home() / "profiles").exists()
+    config = MethodConfig("graft", budget=60, depth=7, draft_top_k=8, retrievers=["prompt", "recycling"],
+                          draft=str(target_dir))  # a cost-built tree: the builder reads the profile
+    m = host_overhead.measure(loaded, [[5, 6, 7, 8, 5, 6, 7]], config, max_new_tokens=12, repeat=1)
+    assert m.steps > 0 and any((graft_home() / "profiles").iterdir())

@@ -5,10 +5,12 @@ A step costs its draft forwards plus one verification; it buys the expected numb
 target accepts its whole path). Every choice of the tree builder is this one ratio:
 
 - **whether a drafter joins a request**: a draft model reads a request's prompt only when it first drafts. After
-  ``TRIAL`` steps of retrieval alone, it joins when finishing the request at the rate drafting has reached (in
-  earlier requests, over at least ``EVIDENCE`` steps) instead of retrieval's rate in this one saves more than
-  reading the prompt costs. A summary's article already holds most of its answer, and then the draft model is
-  never paid for;
+  ``TRIAL`` steps of retrieval alone, it joins when finishing the request at drafting's rate instead of
+  retrieval's rate in this one saves ``JOIN_MARGIN`` times what reading the prompt costs. Drafting's rate is what
+  every drafted step of earlier requests reached together (tokens over costs, pooled: a rarely seen confidence
+  bucket cannot speak for it), or, before ``EVIDENCE`` drafted steps, the rate a chain of ``PRIOR_LEVELS`` levels
+  at the prior confidence would reach at the prior cost (a bench's short warm-up is no measurement). A summary's
+  article already holds most of its answer, and then the draft model is never paid for;
 - **whether to draft at all**: retrieved chains cost nothing to propose. A step whose retrieval is confident may be
   faster without the drafter; the choice is made from the rates that drafting and not drafting have really reached
   at a similar retrieval confidence (a small contextual bandit over measured step times);
@@ -41,13 +43,18 @@ MEMORY = 0.3  # weight of the newest step in a mode's running tokens and costs
 WINDOW = 16  # steps whose timings the costs of a forward are the median of
 EXPLORE = 8  # a mode that loses in a bucket is still tried every this many visits (conditions change)
 MAX_LEVELS = 24  # draft forwards per step at most, unless --depth says otherwise
-BUCKETS = 8
+BUCKETS = 8  # retrieval confidence buckets: expected accepted tokens 1, 2, ..., 8 and more
 TRIAL = 3  # steps of retrieval alone a request runs before a drafter that has not read its prompt may join
-EVIDENCE = 16  # drafted steps measured (a bench's warm-up gives a few) before drafting's rate can keep it out
+EVIDENCE = 16  # drafted steps measured (a bench's warm-up gives a few) before drafting's own rate is trusted
+PRIOR_LEVELS = 4  # before that, drafting's rate is a chain of this many levels at CONFIDENCE_PRIOR
+# what joining must save, in multiples of what it costs: both sides are estimated in its favour (a long prompt's
+# prefill is priced by the latency curve's last slope, while attention makes it grow faster; ``remaining`` is the
+# most new tokens a request may take, and answers often end sooner)
+JOIN_MARGIN = 2.0
 # candidate calibrations of the draft's path probabilities (p ** power): a well-aligned draft model is right far
 # more often than its own probabilities say (Qwen2.5-Coder 0.5B agrees with 1.5B 97% of the time on code)
 POWERS = np.array([0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0])
-FORGET = 0.97  # per drafted step, what the calibration keeps of its past  # retrieval confidence buckets: expected accepted tokens 1, 2, ..., 8 and more
+FORGET = 0.97  # per drafted step, what the calibration and drafting's pooled rate keep of their past
 
 
 def _ema(old: float | None, new: float) -> float:
@@ -75,6 +82,7 @@ class Objective:
     rates: dict = field(default_factory=dict)  # (bucket, drafted) -> running (tokens, verify cost, draft forwards)
     visits: dict = field(default_factory=dict)  # (bucket, drafted) -> steps since that mode last ran there
     drafted_steps: int = 0  # steps measured with a draft
+    drafting: tuple[float, float, float] = (0.0, 0.0, 0.0)  # drafted steps pooled: tokens, verify cost, draft shape
     planned: bool = False  # choose the depth before each draft (no read per level: a GPU's queue keeps going)
     levels: int = 0  # planned: the levels the next draft grows (0: max_levels until a draft has been walked)
     power: float = 1.0  # the draft's calibration: a path the drafter gives probability p is accepted p ** power
@@ -179,17 +187,21 @@ class Objective:
     def should_join(self, alone: tuple[int, float, int], rows: int, remaining: int) -> bool:
         """Whether a drafter that has not read this request yet should read its ``rows`` tokens and draft:
         ``alone`` is this request's steps so far (accepted tokens, verification cost, steps), ``remaining`` the
-        new tokens still to come. Always while drafting has been measured on fewer than ``EVIDENCE`` steps (to
-        learn what it gives)."""
-        if self.drafted_steps < EVIDENCE:
-            return True
+        new tokens still to come."""
         tokens, cost, steps = alone
         if steps < TRIAL:
             return False
-        rates = [self.rate(bucket, True) for bucket, drafted in self.rates if drafted]
-        drafting = sum(rates) / len(rates)
-        saved = remaining * (cost / max(tokens, 1) - 1.0 / drafting)  # latency units, at each rate
-        return saved > self.draft_cost(rows)
+        saved = remaining * (cost / max(tokens, 1) - 1.0 / self.drafting_rate())  # latency units, at each rate
+        return saved > JOIN_MARGIN * self.draft_cost(rows)
+
+    def drafting_rate(self) -> float:
+        """Accepted tokens per latency unit of drafted steps: every one measured so far, pooled and at the current
+        costs; before ``EVIDENCE`` of them, a chain of ``PRIOR_LEVELS`` levels each kept at the prior confidence."""
+        if self.drafted_steps < EVIDENCE:
+            tokens = sum(CONFIDENCE_PRIOR**level for level in range(PRIOR_LEVELS + 1))
+            return tokens / (self.verify_cost(PRIOR_LEVELS) + PRIOR_LEVELS * self.draft_cost(1))
+        tokens, verify, shape = self.drafting
+        return tokens / (verify + shape * self.draft_cost(1))
 
     # --- measurements -------------------------------------------------------------------------------------------
     def measured(self, bucket: int, drafted: bool, tokens: int, nodes: int, verify_s: float, draft_s: float,
@@ -209,6 +221,9 @@ class Objective:
             self.draft_unit = median(self._draft_units)
         key = (bucket, drafted)
         self.drafted_steps += drafted
+        if drafted:
+            step = (tokens, self.verify_cost(nodes), shape)
+            self.drafting = tuple(FORGET * old + new for old, new in zip(self.drafting, step))
         old = self.rates.get(key, (None, None, None))
         self.rates[key] = (_ema(old[0], tokens), _ema(old[1], self.verify_cost(nodes)), _ema(old[2], shape))
         self.visits[key] = 0

@@ -100,19 +100,29 @@ def test_the_bandit_tries_both_modes_then_keeps_the_faster_but_still_looks():
 
 def test_a_drafter_joins_a_request_only_when_finishing_faster_pays_for_its_prompt():
     objective = Objective(FLAT)
-    assert objective.should_join((0, 0.0, 0), rows=500, remaining=100)  # drafting never measured: learn it
-    for _ in range(EVIDENCE - 1):
-        objective.measured(3, True, 4, 8, 0.1, 0.3, [1, 1, 1])  # drafting: 4 tokens for 1 + 3 x 1 units = 1 a unit
-    assert objective.should_join((TRIAL, 4.0 * TRIAL, TRIAL), rows=500, remaining=1)  # too few drafted steps yet
-    objective.measured(3, True, 4, 8, 0.1, 0.3, [1, 1, 1])
+    weaker = (TRIAL, 2.0 * TRIAL, TRIAL)  # retrieval alone: 0.5 tokens a unit
+    strong = (4 * TRIAL, float(TRIAL), TRIAL)  # 4 tokens a unit: a summary copying its article
+    # before EVIDENCE drafted steps, drafting is priced by the prior: 3.36 tokens for 1 + 4 x 0.35 units
+    assert objective.drafting_rate() == pytest.approx(3.3616 / 2.4)
     assert not objective.should_join((0, 0.0, 0), rows=10, remaining=100)  # retrieval alone is tried first
+    assert objective.should_join(weaker, rows=500, remaining=100)
+    assert not objective.should_join(strong, rows=10, remaining=100)
+    for _ in range(EVIDENCE):
+        objective.measured(3, True, 4, 8, 0.1, 0.3, [1, 1, 1])  # drafting: 4 tokens for 1 + 3 x 1 units = 1 a unit
+    assert objective.drafting_rate() == pytest.approx(4 / 4.25)  # a forward and a verification: 1.0625 units each
+    assert not objective.should_join((0, 0.0, 0), rows=10, remaining=100)
     weak = (TRIAL, float(TRIAL), TRIAL)  # retrieval alone: 1 token a unit, as fast as drafting
     assert not objective.should_join(weak, rows=10, remaining=100)
-    weaker = (TRIAL, 2.0 * TRIAL, TRIAL)  # 0.5 a unit: 100 tokens save 100 units, 64 prompt tokens cost 1.2
-    assert objective.should_join(weaker, rows=64, remaining=100)
+    assert objective.should_join(weaker, rows=64, remaining=100)  # 100 tokens save ~40 units; 64 rows cost 1.2
     assert not objective.should_join(weaker, rows=64, remaining=1)  # not this close to the end
-    strong = (4 * TRIAL, float(TRIAL), TRIAL)  # 4 tokens a unit: a summary copying its article
     assert not objective.should_join(strong, rows=10, remaining=100)
+    lucky = Objective(FLAT)
+    for _ in range(EVIDENCE - 1):
+        lucky.measured(3, True, 4, 8, 0.1, 0.3, [1, 1, 1])
+    lucky.measured(7, True, 40, 8, 0.1, 0.0, [])  # one lucky step in a rare bucket: 40 tokens a unit
+    assert lucky.rate(7, True) > 10 * lucky.rate(3, True)  # a mean over buckets would take it at its word (~20)
+    assert lucky.drafting_rate() < 2  # pooled over steps it is one step of 16
+    assert not lucky.should_join((2 * TRIAL, float(TRIAL), TRIAL), rows=10, remaining=100)  # retrieval: 2 a unit
 
 
 class Clocked(Objective):

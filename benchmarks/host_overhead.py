@@ -22,7 +22,7 @@ apart and not counted in ``syncs_per_step``. On this CPU every tensor op runs at
 vocabulary-sized tensor (softmax, top-k, argmax over the logits, KV moves) is device work a GPU runs
 asynchronously, so it is timed and excluded like a forward. What remains is Python and small tensor calls (on a
 GPU each of those is a kernel launch of a few microseconds, about what a small CPU op costs here). The counting
-mode's own cost per call is measured at the start and subtracted. The clock is this thread's CPU time by default
+mode's own cost per call is measured right before each pass and subtracted from it. The clock is this thread's CPU time by default
 (``--clock wall`` for perf_counter): on a shared machine wall time mostly measures the neighbours.
 
 The forwards are played back, not run, by default. A CPU forward streams the model's weights (hundreds of MB)
@@ -374,23 +374,24 @@ def measure(loaded, prompts: list[list[int]], config: MethodConfig, max_new_toke
             return Counter(phases.time), Counter(phases.reads), Counter(phases.calls), steps, tokens, texts
 
         levels: list[int] = []  # draft levels of each step that drafted, in the last pass
-        cost = phases.cost()
         if not in_run:
             phases.tape = []
-        with phases:
-            passes = [one_pass(False)]  # the record (timed itself with --in-run)
-            for _ in range(0 if in_run else repeat):
-                passes.append(one_pass(True))
-                if passes[-1][5] != passes[0][5]:
-                    raise SystemExit("host_overhead: the replay produced other tokens than the record")
+        passes, costs = [], []
+        for i in range(1 + (0 if in_run else repeat)):  # the record (timed itself with --in-run), the replays
+            costs.append(phases.cost())  # measured right before each pass: it moves with the machine's state
+            with phases:
+                passes.append(one_pass(i > 0))
+            if passes[-1][5] != passes[0][5]:
+                raise SystemExit("host_overhead: the replay produced other tokens than the record")
         replay.calls.clear()
-        timed = passes[1:] or passes
-        for times, _, calls, *_ in timed:  # the counting's own cost is not the host's
+        timed, costs = (passes[1:], costs[1:]) if len(passes) > 1 else (passes, costs)
+        for (times, _, calls, *_), cost in zip(timed, costs):  # the counting's own cost is not the host's
             for phase, n in calls.items():
                 times[phase] -= n * cost
         totals = [sum(times[p] for p in PHASES) for times, *_ in timed]
-        times, reads, calls, steps, tokens, _ = timed[totals.index(min(totals))]  # the quietest pass
-        return Measured(times, reads, calls, steps, tokens, levels, cost)
+        quietest = totals.index(min(totals))
+        times, reads, calls, steps, tokens, _ = timed[quietest]
+        return Measured(times, reads, calls, steps, tokens, levels, costs[quietest])
     finally:
         for owner, name, value in patched:
             setattr(owner, name, value)

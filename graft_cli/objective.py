@@ -8,8 +8,8 @@ target accepts its whole path). Every choice of the tree builder is this one rat
   ``TRIAL`` steps of retrieval alone, it joins when finishing the request at drafting's rate instead of
   retrieval's rate in this one saves ``JOIN_MARGIN`` times what reading the prompt costs. Drafting's rate is what
   every drafted step of earlier requests reached together (tokens over costs, pooled: a rarely seen confidence
-  bucket cannot speak for it), or, before ``EVIDENCE`` drafted steps, the rate a chain of ``PRIOR_LEVELS`` levels
-  at the prior confidence would reach at the prior cost (a bench's short warm-up is no measurement). A summary's
+  bucket cannot speak for it), or, before ``EVIDENCE`` drafted steps, the rate of a chain of ``PRIOR_LEVELS`` levels
+  all accepted, at the prior cost (a bench's short warm-up is no measurement). A summary's
   article already holds most of its answer, and then the draft model is never paid for;
 - **whether to draft at all**: retrieved chains cost nothing to propose. A step whose retrieval is confident may be
   faster without the drafter; the choice is made from the rates that drafting and not drafting have really reached
@@ -46,7 +46,9 @@ MAX_LEVELS = 24  # draft forwards per step at most, unless --depth says otherwis
 BUCKETS = 8  # retrieval confidence buckets: expected accepted tokens 1, 2, ..., 8 and more
 TRIAL = 3  # steps of retrieval alone a request runs before a drafter that has not read its prompt may join
 EVIDENCE = 16  # drafted steps measured (a bench's warm-up gives a few) before drafting's own rate is trusted
-PRIOR_LEVELS = 4  # before that, drafting's rate is a chain of this many levels at CONFIDENCE_PRIOR
+# before that, drafting's rate is optimistic: a chain of this many levels, every one accepted (a drafter that might
+# pay is tried, and so measured; a cautious prior would keep a strong drafter out of every request, unmeasured)
+PRIOR_LEVELS = 4
 # what joining must save, in multiples of what it costs: both sides are estimated in its favour (a long prompt's
 # prefill is priced by the latency curve's last slope, while attention makes it grow faster; ``remaining`` is the
 # most new tokens a request may take, and answers often end sooner)
@@ -196,10 +198,9 @@ class Objective:
 
     def drafting_rate(self) -> float:
         """Accepted tokens per latency unit of drafted steps: every one measured so far, pooled and at the current
-        costs; before ``EVIDENCE`` of them, a chain of ``PRIOR_LEVELS`` levels each kept at the prior confidence."""
+        costs; before ``EVIDENCE`` of them, a chain of ``PRIOR_LEVELS`` levels all accepted."""
         if self.drafted_steps < EVIDENCE:
-            tokens = sum(CONFIDENCE_PRIOR**level for level in range(PRIOR_LEVELS + 1))
-            return tokens / (self.verify_cost(PRIOR_LEVELS) + PRIOR_LEVELS * self.draft_cost(1))
+            return (1 + PRIOR_LEVELS) / (self.verify_cost(PRIOR_LEVELS) + PRIOR_LEVELS * self.draft_cost(1))
         tokens, verify, shape = self.drafting
         return tokens / (verify + shape * self.draft_cost(1))
 

@@ -152,8 +152,8 @@ class AdjacencyRetriever:
         self._flush()
         table, chances = self._arrays
         tokens, scores, width_now, total = np.array([int(context[-1])]), np.ones(1), 1, 0
-        found: list[tuple[np.ndarray, ...]] = []  # per depth: tokens, parents, scores, depths
-        for depth, width in enumerate(self.template, start=1):
+        found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per depth: tokens, parents, scores
+        for width in self.template:
             q = chances[tokens].T.astype(np.float64)  # [k, F]: rank-major, so a stable sort breaks ties by rank
             candidates = (q * scores).ravel()  # an empty entry (probability 0) stays 0
             order = np.argsort(-candidates, kind="stable")[:width]
@@ -162,21 +162,14 @@ class AdjacencyRetriever:
                 break
             parents = order % width_now  # candidate o is rank o // F of parent o % F
             tokens, scores = table[tokens[parents], order // width_now], candidates[order]
-            found.append((tokens, parents + (total - width_now) if total else np.full(len(order), -1), scores,
-                          np.full(len(order), depth)))
+            found.append((tokens, parents + (total - width_now) if total else np.full(len(order), -1), scores))
             width_now, total = len(order), total + len(order)
             if total >= budget * 2:  # enough to choose the budget's best from
                 break
         if not found:
             return Tree()
-        tokens, parents, scores, depths = (np.concatenate(column) for column in zip(*found))
-        if len(scores) > budget:  # the best ``budget``, chosen as Tree.select chooses, before any node is made
-            keep = np.sort(np.lexsort((depths, -scores))[:budget])  # by score, then depth, then order: stable
-            where = np.full(len(scores), -1)
-            where[keep] = np.arange(len(keep))
-            up = parents[keep]  # the parents of kept nodes are kept (the choice is prefix-closed)
-            tokens, parents, scores = tokens[keep], np.where(up < 0, -1, where[up]), scores[keep]
-        return Tree.from_arrays(tokens.tolist(), parents.tolist(), scores.tolist(), self.name)
+        columns = [np.concatenate(column).tolist() for column in zip(*found)]
+        return Tree.from_arrays(*columns, self.name).select(budget)
 
 
 def make(env: RetrieverEnv) -> AdjacencyRetriever:

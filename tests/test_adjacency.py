@@ -145,20 +145,3 @@ def test_recycling_learns_a_repetitive_target():
     assert got == truth
     if len(set(truth[60:])) < 20:  # the tiny model fell into a cycle: recycling must ride it
         assert stats.tau > 1.5
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_the_budget_is_chosen_before_the_tree_is_built_as_select_would(seed):
-    """The walk keeps the best ``budget`` candidates as Tree.select keeps them (score, then depth, then order),
-    ties included: a table of a few probability levels makes many."""
-    gen = torch.Generator().manual_seed(seed)
-    vocab, k = 40, 4
-    table = AdjacencyRetriever(vocab, k=k)
-    table.tokens[:] = torch.stack([torch.randperm(vocab, generator=gen)[:k] for _ in range(vocab)]).to(torch.int32)
-    table.probs[:] = torch.tensor([0.5, 0.25, 0.25, 0.125]).repeat(vocab, 1)
-    for budget in (1, 5, 17, 40):
-        everything = table.retrieve([7], 10_000)
-        tree = table.retrieve([7], budget)
-        check_invariants(tree)
-        expected = everything.select(budget)
-        assert [(n.token, n.parent, n.score) for n in tree.nodes] == [(n.token, n.parent, n.score) for n in expected.nodes]

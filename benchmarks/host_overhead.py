@@ -22,8 +22,9 @@ apart and not counted in ``syncs_per_step``. On this CPU every tensor op runs at
 vocabulary-sized tensor (softmax, top-k, argmax over the logits, KV moves) is device work a GPU runs
 asynchronously, so it is timed and excluded like a forward. What remains is Python and small tensor calls (on a
 GPU each of those is a kernel launch of a few microseconds, about what a small CPU op costs here). The counting
-mode's own cost per call is measured right before each pass and subtracted from it. The clock is this thread's CPU time by default
-(``--clock wall`` for perf_counter): on a shared machine wall time mostly measures the neighbours.
+mode's own cost per call is measured right before each pass and subtracted from it. The clock is this thread's
+CPU time by default (``--clock wall`` for perf_counter): on a shared machine wall time mostly measures the
+neighbours.
 
 The forwards are played back, not run, by default. A CPU forward streams the model's weights (hundreds of MB)
 through this machine's caches, and the host code right after it runs many times slower on cold caches

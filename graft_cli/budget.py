@@ -46,7 +46,7 @@ class LatencyModel:
     reference: int = 320
     context: int = 0
     _cached: tuple | None = field(default=None, repr=False, compare=False)  # (points, xs, ys, last slope)
-    _spans: dict = field(default_factory=dict, repr=False, compare=False)  # (first, n, context) -> latencies
+    _spans: dict = field(default_factory=dict, repr=False, compare=False)  # (first, n, context past reference) -> latencies
 
     @classmethod
     def default(cls, device: str) -> LatencyModel:
@@ -55,7 +55,8 @@ class LatencyModel:
 
     def __call__(self, n: float) -> float:
         """Latency at one count: the scalar path (plain Python: the objective asks a few dozen times a step)."""
-        xs, ys, slope = self._table()
+        cached = self._cached
+        _, xs, ys, slope = cached if cached is not None and cached[0] is self.points else self._rebuilt()
         if n >= xs[-1]:
             out = ys[-1] + slope * (n - xs[-1])
         else:
@@ -80,13 +81,16 @@ class LatencyModel:
 
     def _table(self) -> tuple[list[float], list[float], float]:
         """The points as sorted lists and the last slope, rebuilt only when ``points`` is replaced."""
-        if self._cached is None or self._cached[0] is not self.points:
-            xs = [float(x) for x in sorted(self.points)]
-            ys = [float(self.points[x]) for x in sorted(self.points)]
-            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
-            self._cached = (self.points, xs, ys, slope)
-            self._spans.clear()
-        return self._cached[1:]
+        cached = self._cached
+        return (cached if cached is not None and cached[0] is self.points else self._rebuilt())[1:]
+
+    def _rebuilt(self) -> tuple:
+        xs = [float(x) for x in sorted(self.points)]
+        ys = [float(self.points[x]) for x in sorted(self.points)]
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+        self._cached = (self.points, xs, ys, slope)
+        self._spans.clear()
+        return self._cached
 
     def best_count(self, fixed: int, fixed_gain: float, scores: Sequence[float], overhead: float = 0.0) -> int:
         """How many of ``scores`` (best first) to verify on top of ``fixed`` nodes: max expected tokens/second.
@@ -114,7 +118,10 @@ class LatencyModel:
         """The latency of ``first, first + 1, ...`` (``n`` counts), kept while the points and the context stay:
         the same few spans are asked for every step."""
         self._table()  # new points drop the spans of the old
-        key = (first, n, self.context)
+        # the context changes every step, but it moves the curve only past ``reference``, and only with a per-context
+        # cost: a key without it then finds the same spans step after step
+        longer = max(0, self.context - self.reference) if any(self.per_context) else 0
+        key = (first, n, longer)
         span = self._spans.get(key)
         if span is None:
             if len(self._spans) > 64:

@@ -46,7 +46,7 @@ class LatencyModel:
     reference: int = 320
     context: int = 0
     _cached: tuple | None = field(default=None, repr=False, compare=False)  # (points, xs, ys, last slope)
-    _spans: dict = field(default_factory=dict, repr=False, compare=False)  # (first, n, context past reference) -> latencies
+    _spans: dict = field(default_factory=dict, repr=False, compare=False)  # (first, n, context past reference) -> curve
 
     @classmethod
     def default(cls, device: str) -> LatencyModel:
@@ -55,8 +55,7 @@ class LatencyModel:
 
     def __call__(self, n: float) -> float:
         """Latency at one count: the scalar path (plain Python: the objective asks a few dozen times a step)."""
-        cached = self._cached
-        _, xs, ys, slope = cached if cached is not None and cached[0] is self.points else self._rebuilt()
+        _, xs, ys, slope = self._table()
         if n >= xs[-1]:
             out = ys[-1] + slope * (n - xs[-1])
         else:
@@ -70,7 +69,7 @@ class LatencyModel:
     def curve(self, ns: np.ndarray) -> np.ndarray:
         """Latency at every count of ``ns`` in one pass: linear between the points, the last slope beyond them,
         plus what the context past ``reference`` adds."""
-        xs, ys, slope = self._table()
+        _, xs, ys, slope = self._table()
         out = np.interp(ns, xs, ys)
         beyond = ns >= xs[-1]
         out[beyond] = ys[-1] + slope * (ns[beyond] - xs[-1])
@@ -79,18 +78,17 @@ class LatencyModel:
             out = out + longer * (self.per_context[0] + self.per_context[1] * (np.asarray(ns, dtype=np.float64) - 1))
         return out
 
-    def _table(self) -> tuple[list[float], list[float], float]:
-        """The points as sorted lists and the last slope, rebuilt only when ``points`` is replaced."""
+    def _table(self) -> tuple[dict, list[float], list[float], float]:
+        """The points, as sorted lists, and the last slope, rebuilt only when ``points`` is replaced (returned as
+        cached: no new tuple on the scalar path)."""
         cached = self._cached
-        return (cached if cached is not None and cached[0] is self.points else self._rebuilt())[1:]
-
-    def _rebuilt(self) -> tuple:
-        xs = [float(x) for x in sorted(self.points)]
-        ys = [float(self.points[x]) for x in sorted(self.points)]
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
-        self._cached = (self.points, xs, ys, slope)
-        self._spans.clear()
-        return self._cached
+        if cached is None or cached[0] is not self.points:
+            xs = [float(x) for x in sorted(self.points)]
+            ys = [float(self.points[x]) for x in sorted(self.points)]
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+            cached = self._cached = (self.points, xs, ys, slope)
+            self._spans.clear()
+        return cached
 
     def best_count(self, fixed: int, fixed_gain: float, scores: Sequence[float], overhead: float = 0.0) -> int:
         """How many of ``scores`` (best first) to verify on top of ``fixed`` nodes: max expected tokens/second.

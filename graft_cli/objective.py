@@ -221,11 +221,11 @@ class Objective:
             self.draft_unit = median(self._draft_units)
         key = (bucket, drafted)
         self.drafted_steps += drafted
+        verify = self.verify_cost(nodes)
         if drafted:
-            step = (tokens, self.verify_cost(nodes), shape)
-            self.drafting = tuple(FORGET * old + new for old, new in zip(self.drafting, step))
+            self.drafting = tuple(FORGET * old + new for old, new in zip(self.drafting, (tokens, verify, shape)))
         old = self.rates.get(key, (None, None, None))
-        self.rates[key] = (_ema(old[0], tokens), _ema(old[1], self.verify_cost(nodes)), _ema(old[2], shape))
+        self.rates[key] = (_ema(old[0], tokens), _ema(old[1], verify), _ema(old[2], shape))
         self.visits[key] = 0
         self.visits[(bucket, not drafted)] = self.visits.get((bucket, not drafted), 0) + 1
 

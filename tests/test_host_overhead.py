@@ -1,29 +1,16 @@
 """benchmarks/host_overhead.py on a machine that has never profiled the target: the cost-aware builder's latency
 profile is measured before the record, so the replays still match it."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 from graft_cli.catalog.home import graft_home
 from graft_cli.loading import load_model
 from graft_cli.methods import MethodConfig
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+from tests.test_gpu_check import load
 
 
 def test_a_fresh_home_profiles_before_the_record(tmp_path, monkeypatch):
     monkeypatch.setenv("GRAFT_HOME", str(tmp_path / "home"))
-    gpu_check = load("gpu_check")  # puts benchmarks/ on sys.path: host_overhead's own imports
-    host_overhead = load("host_overhead")
+    gpu_check = load()  # puts benchmarks/ on sys.path, beside it
+    import host_overhead
     target_dir, _ = gpu_check.synthetic_dirs(tmp_path, gpu_check.SMOKE)
     loaded = load_model(str(target_dir), "cpu", "float32")
     assert not (graft_home() / "profiles").exists()

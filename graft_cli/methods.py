@@ -44,10 +44,6 @@ RETRIEVERS = {
     "graft": ["prompt", "recycling"],
 }
 METHODS = tuple(RETRIEVERS)
-# retriever options a method sets unless given: graft keeps only the retrieved nodes that pay for their
-# verification, so the prompt cache may offer a long copied span whole (a summary quoting its article), where pld
-# keeps prompt lookup's usual 10-token chains
-RETRIEVER_DEFAULTS = {"graft": {"prompt.max_length": "32"}}
 NEEDS_DRAFT = ("dense", "pruned")
 TAKES_DRAFT = ("dense", "pruned", "graft")
 
@@ -185,8 +181,6 @@ def build(config: MethodConfig, loaded, latency: LatencyModel | None = None) -> 
                                   window)
         drafter = registry.load_drafter(kind, env)
     names = config.retrievers if config.retrievers is not None else list(RETRIEVERS[method])
-    for key, value in RETRIEVER_DEFAULTS.get(method, {}).items():
-        config.options.default(key, value)
     if config.retrievers is None and method == "graft" and config.options.peek("datastore"):
         names.append(STORE_RETRIEVER)
     env = RetrieverEnv(

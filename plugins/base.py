@@ -42,12 +42,6 @@ class Options(dict):
         """The value without counting as read (graft's own checks, not a retriever's use)."""
         return super().get(key)
 
-    def default(self, key: str, value: str) -> None:
-        """A method's own setting for ``key`` unless one was given; counted as read (nobody typed it)."""
-        if not dict.__contains__(self, key):
-            self[key] = value
-            self.read.add(key)
-
     def unread(self) -> list[str]:
         """The options given that nothing looked up, in the order given."""
         return [key for key in self if key not in self.read]

@@ -17,12 +17,12 @@ import numpy as np
 
 from datastores.suffix_array import SEP, continuation_trie
 from graft_cli.tree import Tree
-from plugins.base import RetrieverDefaults, RetrieverEnv, Step
+from plugins.base import RetrieverEnv, Step
 from plugins.calibration import LookupCalibration, match_group
 from plugins.store import to_tree
 
 
-class PromptLookup(RetrieverDefaults):
+class PromptLookup:
     name = "prompt"
     stateless = False  # its index is of the real context
     calibrated = True  # by LookupCalibration, per matched length

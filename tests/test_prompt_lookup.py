@@ -72,26 +72,3 @@ def test_a_long_prompt_gives_the_trie_of_a_full_scan():
         got.start(context)
         tree = got.retrieve(context, 16)
         assert [(x.parent, x.token, x.score) for x in tree.nodes] == [(x.parent, x.token, x.score) for x in want.nodes]
-
-
-def test_graft_offers_long_copied_spans_and_pld_keeps_prompt_lookups_ten():
-    """graft keeps only the retrieved nodes that pay, so its prompt cache offers 32 tokens; pld stays PLD (10); an
-    option given wins, and graft's own default never shows up as an option nobody read."""
-    from pathlib import Path
-
-    from graft_cli import methods
-    from graft_cli.loading import Loaded
-    from graft_cli.synthetic import word_tokenizer
-    from tests.tiny import tiny_model
-
-    loaded = Loaded(tiny_model(seed=1), word_tokenizer(), Path("."), "tiny")
-
-    def prompt_cache(method: str, **options: str) -> PromptLookup:
-        config = methods.MethodConfig(method, options=options)
-        proposer = methods.build(config, loaded)
-        assert config.options.unread() == []
-        return next(r for r in proposer.retrievers if r.name == "prompt")
-
-    assert prompt_cache("graft").max_length == 32
-    assert prompt_cache("pld").max_length == 10
-    assert prompt_cache("graft", **{"prompt.max_length": "12"}).max_length == 12

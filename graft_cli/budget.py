@@ -30,6 +30,7 @@ DEFAULT_LATENCY = {
 # (docs/benchmarks.md, "Long context": one row 50 -> 86 ms, 17 rows 78 -> 200 ms). CUDA: not measured yet, so none.
 DEFAULT_PER_CONTEXT = {"cpu": (1.9e-4, 2.8e-5), "cuda": (0.0, 0.0)}
 DEFAULT_REFERENCE = 512
+SPAN = 256  # node counts the latency curve is first tabulated for (more on demand)
 
 
 @dataclass
@@ -46,7 +47,7 @@ class LatencyModel:
     reference: int = 320
     context: int = 0
     _cached: tuple | None = field(default=None, repr=False, compare=False)  # (points, xs, ys, last slope)
-    _spans: dict = field(default_factory=dict, repr=False, compare=False)  # (first, n, context past reference) -> curve
+    _spans: dict = field(default_factory=dict, repr=False, compare=False)  # context past reference -> curve from 0
 
     @classmethod
     def default(cls, device: str) -> LatencyModel:
@@ -113,19 +114,21 @@ class LatencyModel:
         return counts, gains[np.arange(rows), counts]
 
     def _counts(self, first: int, n: int) -> np.ndarray:
-        """The latency of ``first, first + 1, ...`` (``n`` counts), kept while the points and the context stay:
-        the same few spans are asked for every step."""
-        self._table()  # new points drop the spans of the old
+        """The latency of ``first, first + 1, ...`` (``n`` counts): a slice of the curve over every count from 0,
+        kept while the points and the context stay (the curve is elementwise, so a slice equals the span computed
+        alone; the tree sizes asked for change every step, the curve does not)."""
+        self._table()  # new points drop the curves of the old
         # the context changes every step, but it moves the curve only past ``reference``, and only with a per-context
-        # cost: a key without it then finds the same spans step after step
+        # cost: a key without it then finds the same curve step after step
         longer = max(0, self.context - self.reference) if any(self.per_context) else 0
-        key = (first, n, longer)
-        span = self._spans.get(key)
-        if span is None:
+        end = first + n
+        curve = self._spans.get(longer)
+        if curve is None or curve.shape[0] < end:
             if len(self._spans) > 64:
                 self._spans.clear()
-            span = self._spans[key] = self.curve(np.arange(first, first + n, dtype=np.float64))
-        return span
+            size = max(end, SPAN, 0 if curve is None else 2 * curve.shape[0])
+            curve = self._spans[longer] = self.curve(np.arange(size, dtype=np.float64))
+        return curve[first:end]
 
 
 DEPTHS = 6  # depths from here on share one calibration entry

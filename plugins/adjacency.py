@@ -154,12 +154,13 @@ class AdjacencyRetriever:
         tokens, scores, width_now, total = np.array([int(context[-1])]), np.ones(1), 1, 0
         found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per depth: tokens, parents, scores
         for width in self.template:
-            q = chances[tokens].T.astype(np.float64)  # [k, F]: rank-major, so a stable sort breaks ties by rank
-            candidates = (q * scores).ravel()  # an empty entry (probability 0) stays 0
+            # [k, F]: rank-major, so a stable sort breaks ties by rank; float64 (the scores' type) from here on
+            candidates = (chances[tokens].T * scores).ravel()  # an empty entry (probability 0) stays 0
             order = np.argsort(-candidates, kind="stable")[:width]
-            order = order[candidates[order] > 0]
-            if not len(order):
-                break
+            if candidates[order[-1]] <= 0:  # best first: only a short row's tail can be empty
+                order = order[candidates[order] > 0]
+                if not len(order):
+                    break
             parents = order % width_now  # candidate o is rank o // F of parent o % F
             tokens, scores = table[tokens[parents], order // width_now], candidates[order]
             found.append((tokens, parents + (total - width_now) if total else np.full(len(order), -1), scores))

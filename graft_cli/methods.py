@@ -88,8 +88,9 @@ def default_depth(device: str) -> int:
 
 
 def default_draft_top_k(device: str) -> int:
-    """Every expanded node is a row of the draft forward: nearly free on a GPU, not on a CPU (a second row costs
-    the 0.5B Qwen draft about half a forward more there)."""
+    """A GPU verifies a wide tree for the price of one token; a CPU pays for every verified row, so more
+    candidates per level buy little there (the Qwen pair, coding and math: top-k 4 ran 1.76x where 2 ran 1.79x,
+    although a draft forward's extra rows cost only a few percent: docs/benchmarks.md)."""
     return 8 if device.startswith("cuda") else 2
 
 

@@ -59,9 +59,7 @@ peaked enough for the tree to grow.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
-import gc
 import json
 import sys
 import tempfile
@@ -69,7 +67,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter, thread_time
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 import torch
@@ -319,19 +317,6 @@ def _profiled(loaded) -> None:
         pass
 
 
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic collector off for a pass (and run before it). The counting's own allocations (argument
-    tuples and dicts for every torch call it sees) trigger a young collection every hundred calls or so, some 3 a
-    step, where a real decode has one every 17 steps (docs/benchmarks.md): that is the harness's cost, not graft's."""
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 CLOCKED = (engine, graft, drafters, draft_model)  # the modules whose perf_counter a decision reads
 
 
@@ -395,7 +380,7 @@ def measure(loaded, prompts: list[list[int]], config: MethodConfig, max_new_toke
         passes, costs = [], []
         for i in range(1 + (0 if in_run else repeat)):  # the record (timed itself with --in-run), the replays
             costs.append(phases.cost())  # measured right before each pass: it moves with the machine's state
-            with phases, collector_paused():
+            with phases:
                 passes.append(one_pass(i > 0))
             if passes[-1][5] != passes[0][5]:
                 raise SystemExit("host_overhead: the replay produced other tokens than the record")

@@ -34,8 +34,11 @@ leaves the host's caches alone, so that slowdown does not transfer. So the decod
 1. **record**: the real decoding, every model forward run; its outputs, its writes to the KV caches (rows and
    shapes) and the outputs of every vocabulary-wide call outside the forwards are kept;
 2. **replay** (``--repeat`` times, the quietest shown; benchmarks/playback.py): the same decoding from the same start (a proposer built
-   alike), every forward replaced by its recorded outputs and cache writes of zeros of the recorded shapes, every
-   vocabulary-wide call by its recorded output: the host code runs exactly as before, minus the device's work.
+   alike), every forward replaced by its recorded outputs and its cache writes by their rows (each layer's
+   filled rows advance; no keys or values move, as on a GPU, whose writes stay in its own memory;
+   ``--write-kv`` writes zeros of the recorded shapes into the host's memory, whose traffic evicts the host
+   code's caches), every vocabulary-wide call by its recorded output: the host code runs exactly as before,
+   minus the device's work.
    Only the replays are timed. Should a forward's rows or a call differ from the record, or the tokens at the
    end, the replay stops with an error: its timing would not be of the same decoding.
 
@@ -237,17 +240,37 @@ def random_head(root: Path, target: torch.nn.Module, draft_vocab: int, sharpness
     return f"eagle3:{root}"
 
 
+def _wrap_forward(module: torch.nn.Module, wrap: Callable[[Callable], Callable]) -> None:
+    """Replace ``module.forward`` by ``wrap`` of its own: a model shared by every pass's proposer (and by a later
+    ``measure``) is wrapped afresh each time, never inside an earlier pass's wrapper (which plays back that
+    pass's record)."""
+    own = getattr(module.forward, "own_forward", module.forward)
+    module.forward = wrap(own)
+    module.forward.own_forward = own
+
+
+def _unwrap_forward(module: torch.nn.Module) -> None:
+    own = getattr(module.forward, "own_forward", None)
+    if own is None:
+        return
+    if getattr(own, "__func__", None) is type(module).forward:
+        del module.forward  # the class's again
+    else:
+        module.forward = own  # a hook's (accelerate's, for a dispatched model)
+
+
 def instrument_target(phases: Phases, replay: Replay, target: Target) -> None:
     """Wrap the engine's phase boundaries and the target's forward."""
     wrap = phases.wrap
-    target.model.forward = wrap(FORWARD, replay.wrap(target.model.forward, True, target.cache))
+    _wrap_forward(target.model, lambda own: wrap(FORWARD, replay.wrap(own, True, target.cache)))
     target.verify = wrap("mask", target.verify)
     target.keep = wrap("keep", target.keep)
     engine.accept = wrap("accept", engine.accept)
 
 
-def instrument_proposer(phases: Phases, replay: Replay, proposer) -> None:
-    """Wrap the proposer's phase boundaries, and every forward of its drafter."""
+def instrument_proposer(phases: Phases, replay: Replay, proposer) -> list[torch.nn.Module]:
+    """Wrap the proposer's phase boundaries, and every forward of its drafter; return the models whose forward
+    was wrapped (shared: ``measure`` unwraps them at its end)."""
     wrap = phases.wrap
     proposer.propose = wrap("retrieve", proposer.propose)  # what propose does itself: pooling retrieved trees
     proposer._graft = wrap("graft", proposer._graft)
@@ -260,14 +283,16 @@ def instrument_proposer(phases: Phases, replay: Replay, proposer) -> None:
         drafter.draft = wrap("draft", drafter.draft)
         drafter.observe = wrap("draft", drafter.observe)
         head = getattr(drafter, "head", None)
-        if head is not None:  # EAGLE-3: the head's layer, its fusion of target features, its LM head
+        if head is not None:  # EAGLE-3: the head's layer, its fusion of target features, its LM head (its own)
             for name in ("forward", "fuse", "logp"):
                 setattr(head, name, wrap(FORWARD, replay.wrap(getattr(head, name), False, head.cache)))
         else:
             model = drafter.cache.model
-            model.forward = wrap(FORWARD, replay.wrap(model.forward, False, drafter.cache.cache))
             decoder = model.get_decoder()
-            decoder.forward = wrap(FORWARD, replay.wrap(decoder.forward, False, drafter.cache.cache))
+            for module in (model, decoder):
+                _wrap_forward(module, lambda own: wrap(FORWARD, replay.wrap(own, False, drafter.cache.cache)))
+            return [model, decoder]
+    return []
 
 
 @dataclass
@@ -322,17 +347,18 @@ CLOCKED = (engine, graft, drafters, draft_model)  # the modules whose perf_count
 
 def measure(loaded, prompts: list[list[int]], config: MethodConfig, max_new_tokens: int = 64, repeat: int = 3,
             in_run: bool = False, target_ms: float = 9.0, draft_share: float = 0.35, read_per_level: bool = False,
-            clock: Callable[[], float] = thread_time) -> Measured:
+            clock: Callable[[], float] = thread_time, write_kv: bool = False) -> Measured:
     """Decode ``prompts`` with ``config`` at the CUDA defaults' latency curve, once for the record and then
     ``repeat`` replays (or, ``in_run``, the record pass timed itself); the quietest timed pass. The patches it
-    makes (clocks, the cache's update, ``engine.accept``) are undone on return."""
+    makes (clocks, the cache's update, ``engine.accept``, the models' forwards) are undone on return."""
     patched = [(PositionLayer, "update", PositionLayer.update), (engine, "accept", engine.accept),
                *((module, "perf_counter", module.perf_counter) for module in CLOCKED)]
+    wrapped = [loaded.model]  # models whose forward is wrapped on the instance
     try:
         _profiled(loaded)
         target = Target(loaded.model)
         phases = Phases(clock)
-        replay = Replay(target_ms / 1e3, draft_share)
+        replay = Replay(target_ms / 1e3, draft_share, write_kv)
         instrument_target(phases, replay, target)
         PositionLayer.update = replay.recording()
         for module in CLOCKED:  # every clock a decision reads: the modelled one, in every pass
@@ -345,7 +371,7 @@ def measure(loaded, prompts: list[list[int]], config: MethodConfig, max_new_toke
             made.latency = LatencyModel.default("cuda")
             if made.objective is not None:  # the cost-aware builder as it runs on a GPU
                 made.objective.latency, made.objective.planned = made.latency, not read_per_level
-            instrument_proposer(phases, replay, made)
+            wrapped.extend(instrument_proposer(phases, replay, made))
             return made
 
         def run(proposer, prompt: list[int], max_new: int) -> tuple[Stats, list[int]]:
@@ -396,6 +422,8 @@ def measure(loaded, prompts: list[list[int]], config: MethodConfig, max_new_toke
     finally:
         for owner, name, value in patched:
             setattr(owner, name, value)
+        for model in wrapped:
+            _unwrap_forward(model)
 
 
 def main() -> int:
@@ -423,6 +451,9 @@ def main() -> int:
                     help="time the forwards' own pass (they run inline, as on this CPU) instead of the replay")
     ap.add_argument("--cold-caches", action="store_true",
                     help="only time a piece of host code on warm caches and right after a big matmul, and exit")
+    ap.add_argument("--write-kv", action="store_true",
+                    help="play the forwards' cache writes back as zeros in host memory (their traffic evicts the "
+                         "host code's caches, which a GPU's writes do not), not only as rows")
     ap.add_argument("--read-per-level", action="store_true",
                     help="the cost-aware builder as on a CPU: each draft level decided from its own read")
     ap.add_argument("--repeat", type=int, default=3, help="replays (each from a fresh proposer); the quietest is shown")
@@ -457,14 +488,15 @@ def main() -> int:
                           prune_at=args.prune_at if args.method != "dense" else None)
     share = args.draft_share if args.draft_share is not None else (0.1 if args.drafter == "eagle3" else 0.35)
     m = measure(loaded, prompts, config, args.max_new_tokens, args.repeat, args.in_run, args.target_ms, share,
-                args.read_per_level, thread_time if args.clock == "cpu" else perf_counter)
+                args.read_per_level, thread_time if args.clock == "cpu" else perf_counter, args.write_kv)
     tmp.cleanup()
+    kv = "as zeros in host memory" if args.write_kv else "as rows"
     print(f"{args.model}, method {args.method}, drafter {args.drafter}{' ' + draft if draft else ''}, "
           f"budget {args.budget}, depth {args.depth}, draft top-k {args.draft_top_k}, retrievers {args.retrievers}; "
           f"{len(prompts)} Spec-Bench prompts ({args.categories}), {m.tokens} tokens in {m.steps} steps "
           f"(tau {m.tokens / max(m.steps, 1):.2f}; {len(m.levels)} drafts of "
           f"{np.mean(m.levels) if m.levels else 0:.1f} levels), threads {args.threads}, {args.clock} clock, "
-          f"{'forwards run inline' if args.in_run else f'forwards played back, the quietest of {args.repeat} replays'}; "
+          f"{'forwards run inline' if args.in_run else f'forwards played back (cache writes {kv}), the quietest of {args.repeat} replays'}; "
           f"counting costs "
           f"{1e6 * m.cost:.2f} us per torch call, subtracted")
     print("\n".join(m.table()))

@@ -21,8 +21,9 @@ class Replay:
     """Model forwards recorded once (outputs and KV-cache writes), then played back without running them, on a
     modelled clock that both passes share (see host_overhead.py's docstring)."""
 
-    def __init__(self, target_s: float, draft_share: float) -> None:
+    def __init__(self, target_s: float, draft_share: float, write_kv: bool = False) -> None:
         self.target_s, self.draft_share = target_s, draft_share
+        self.write_kv = write_kv  # play back cache writes as zeros in host memory, not only their rows
         self.curve = LatencyModel.default("cuda")
         self.calls: list[tuple[int, Any, list]] = []  # (rows fed, outputs, cache writes) per outermost forward
         self.replaying = False
@@ -64,10 +65,19 @@ class Replay:
         _, out, writes = self.calls[self.at]
         self.at += 1
         for number, shape, dtype, device in writes:
+            layer = cache.layers[number]
+            end = layer.filled + shape[2]
+            if (not self.write_kv and layer.is_initialized and end <= cache.capacity
+                    and layer.keys.shape[2] == cache.capacity):
+                # a GPU writes the keys and values in its own memory: only the rows are counted here. Writing
+                # zeros (a verification's rows of every layer, megabytes) would evict the host code's caches
+                # as a CPU forward does, a cost that does not transfer to a GPU
+                layer.filled = end
+                continue
             zeros = self._zeros.get((shape, dtype, device))
             if zeros is None:
                 zeros = self._zeros[(shape, dtype, device)] = torch.zeros(shape, dtype=dtype, device=device)
-            PositionLayer.update.__wrapped__(cache.layers[number], zeros, zeros)
+            PositionLayer.update.__wrapped__(layer, zeros, zeros)  # the layer's block is made (or grown) first
         return out  # not a copy: every vocabulary-wide use of it is played back too, so nothing changes it
 
     def recording(self) -> Callable:

@@ -96,10 +96,9 @@ class Objective:
 
     def draft_cost(self, rows: int) -> float:
         """One draft forward of ``rows`` rows, in latency units (the target curve's shape, the draft's scale)."""
-        one = DRAFT_PRIOR * self.latency(1)
-        if self.unit and self.draft_unit:
-            one = self.draft_unit / self.unit
-        return one * self.latency(rows) / self.latency(1)
+        target_one = self.latency(1)
+        one = self.draft_unit / self.unit if self.unit and self.draft_unit else DRAFT_PRIOR * target_one
+        return one * (target_one if rows == 1 else self.latency(rows)) / target_one
 
     def spent(self, seconds: float, rows: Sequence[int]) -> float:
         """What drafting has cost so far: measured ``seconds`` once the unit is known, else the prior per row."""

@@ -18,3 +18,19 @@ def test_a_fresh_home_profiles_before_the_record(tmp_path, monkeypatch):
                           draft=str(target_dir))  # a cost-built tree: the builder reads the profile
     m = host_overhead.measure(loaded, [[5, 6, 7, 8, 5, 6, 7]], config, max_new_tokens=12, repeat=1)
     assert m.steps > 0 and any((graft_home() / "profiles").iterdir())
+
+
+def test_a_replay_advances_the_caches_rows_without_moving_keys(tmp_path, monkeypatch):
+    """A GPU writes keys and values in its own memory, so the replay only advances each layer's filled rows
+    (the zeros of ``write_kv`` would evict the host code's caches); both ways decode the record's tokens, which
+    ``measure`` checks, in as many steps."""
+    monkeypatch.setenv("GRAFT_HOME", str(tmp_path / "home"))
+    gpu_check = load()
+    import host_overhead
+    target_dir, _ = gpu_check.synthetic_dirs(tmp_path, gpu_check.SMOKE)
+    loaded = load_model(str(target_dir), "cpu", "float32")
+    config = MethodConfig("graft", budget=60, depth=7, draft_top_k=8, retrievers=["prompt", "recycling"],
+                          draft=str(target_dir))
+    runs = [host_overhead.measure(loaded, [[5, 6, 7, 8, 5, 6, 7]], config, max_new_tokens=12, repeat=1,
+                                  write_kv=write) for write in (False, True)]
+    assert runs[0].steps == runs[1].steps > 0 and runs[0].tokens == runs[1].tokens

@@ -96,13 +96,13 @@ class Frontier:
     tokens: torch.Tensor  # target ids
     state: torch.Tensor  # row of the last forward's states each one is fed with
     parent_rows: torch.Tensor  # tree row its parent was fed at (-1: the root)
-    depth: torch.Tensor  # its depth in the tree (1: a child of the root)
+    depth: torch.Tensor | int  # its depth in the tree (1: a child of the root); one for all when they share it
 
     def __len__(self) -> int:
         return self.nodes.shape[0]
 
     def head(self, n: int) -> Frontier:
-        return Frontier(*(getattr(self, f.name)[:n] for f in fields(self)))
+        return Frontier(*(value if isinstance(value := getattr(self, f.name), int) else value[:n] for f in fields(self)))
 
 
 class TreeDrafter:
@@ -204,10 +204,10 @@ class TreeDrafter:
         frontier, state_rows, fed = self._first_level(pool, context, list(chain))
         cap = self.depth if objective is None else objective.max_levels
         planned = objective is not None and objective.planned and not self.chain
-        # row r: the tree rows that the node fed at row r sees (its ancestors and itself); the extra last row,
-        # index -1, stays empty: the root's, so the root's children look it up like every other node
+        # row r: the tree rows that the node fed at row r sees (itself from the start, its ancestors once fed);
+        # the extra last row, index -1, stays empty: the root's, so the root's children look it up like every other
         rows = self.tree_rows + (cap - 1) * self.top_k
-        ancestors = torch.zeros((rows + 1, rows), dtype=torch.bool, device=frontier.cum.device)
+        ancestors = torch.eye(rows + 1, rows, dtype=torch.bool, device=frontier.cum.device)
         if self.tree_rows:  # a checked chain: each row sees those before
             ancestors[: self.tree_rows, : self.tree_rows].fill_(True).tril_()
         frontier_cum, settled, line = [], False, []  # host copies, at the levels that read them
@@ -261,9 +261,8 @@ class TreeDrafter:
                     break
             # one batched forward for the whole frontier, each node seeing its parent's rows and itself
             start, end = self.tree_rows, self.tree_rows + len(frontier)
-            mask = ancestors[frontier.parent_rows, :end]
-            mask[:, start:].fill_diagonal_(True)
-            ancestors[start:end, :end] = mask
+            mask = ancestors[start:end, :end]
+            mask |= ancestors[frontier.parent_rows, :end]
             logp, state_rows = self._grow(frontier.tokens, _gather(state_rows, frontier.state), frontier.depth, mask)
             self.forward_rows.append(len(frontier))
             self.tree_rows, self.levels = end, self.levels + 1
@@ -272,13 +271,15 @@ class TreeDrafter:
         more, ranked = [], min(budget, pool.size)
         if planned:  # per level: the frontier's log-probs, and the pool's best then, in the final read
             more = [torch.cat([f for f, _ in levels]), pool.best_at([n for _, n in levels], ranked).flatten()]
-        tree, read = self._finish(pool, fed, keep, more)
+        columns, read = self._finish(pool, fed, keep, more)
+        count = len(columns[0])
         if planned:
             widths = np.cumsum([0] + [len(f) for f, _ in levels])
             best = read[widths[-1] :]
             walked = [(read[widths[i] : widths[i + 1]], best[i * ranked : i * ranked + min(ranked, n)])
                       for i, (_, n) in enumerate(levels)]
-            tree = tree.select(objective.replan(walked, self.forward_rows))
+            count = objective.replan(walked, self.forward_rows)
+        tree = Tree.from_arrays(*_best(*columns, count), SOURCE)
         stats.draft_forwards += len(self.forward_rows)
         stats.times["draft"] += perf_counter() - clock
         return tree
@@ -318,23 +319,23 @@ class TreeDrafter:
         ``top_k`` of them are the next frontier. ``start``: the tree row of the parents' first."""
         logp = logp if logp.dtype == torch.float32 else logp.float()
         values, ids = torch.topk(logp, min(self.top_k, logp.shape[-1]), dim=-1)  # [F, k], or [k]
-        tokens = self._to_target(ids).flatten()
+        tokens = self._to_target(ids).view(-1)
         if parents is None:
             first = torch.arange(values.shape[0], device=values.device)
             base = pool.add(tokens, torch.full_like(first, ROOT), values)
-            return Frontier(base + first, values, tokens, torch.zeros_like(first), torch.full_like(first, -1),
-                            torch.ones_like(first))
+            return Frontier(first + base, values, tokens, torch.zeros_like(first), torch.full_like(first, -1), 1)
         per = values.shape[1]
-        cum = (parents.cum[:, None] + values).flatten()
+        cum = (values + parents.cum.unsqueeze(1)).view(-1)
         base = pool.add(tokens, parents.nodes.repeat_interleave(per), cum)
         best_cum, best = torch.topk(cum, min(self.top_k, cum.shape[0]))
-        which = best // per
-        return Frontier(base + best, best_cum, tokens[best], which, start + which, parents.depth[which] + 1)
+        which = best.div(per, rounding_mode="floor")
+        depth = parents.depth + 1 if isinstance(parents.depth, int) else parents.depth[which] + 1
+        return Frontier(best.add(base), best_cum, tokens[best], which, which.add(start), depth)
 
     def _finish(self, pool: Pool, fed: list[torch.Tensor], keep: int,
-                more: Sequence[torch.Tensor] = ()) -> tuple[Tree, list[float]]:
-        """The selected tree, and the fed nodes' (pool index, parent, token): the draft's last read, which also
-        brings ``more`` over (returned as one list)."""
+                more: Sequence[torch.Tensor] = ()) -> tuple[tuple[list[int], list[int], list[float]], list[float]]:
+        """The selected nodes (tokens, parents among them, scores), and the fed nodes' (pool index, parent,
+        token): the draft's last read, which also brings ``more`` over (returned as one list)."""
         tokens, parents, cum = pool.arrays()
         chosen = pool.select(cum, keep)
         up = parents[chosen]
@@ -344,12 +345,12 @@ class TreeDrafter:
                          fed_nodes, parents[fed_nodes], tokens[fed_nodes]])
         read = torch.cat([ids.double(), cum[chosen].double(), *(column.double() for column in more)]).tolist()
         n, m = chosen.shape[0], fed_nodes.shape[0]
-        tree = Tree.from_arrays([int(t) for t in read[:n]], [int(p) for p in read[n : 2 * n]],
-                                [_prob(c) for c in read[2 * n + 3 * m : 3 * n + 3 * m]], SOURCE)
+        columns = ([int(t) for t in read[:n]], [int(p) for p in read[n : 2 * n]],
+                   [_prob(c) for c in read[2 * n + 3 * m : 3 * n + 3 * m]])
         nodes, ups, fed_tokens = (read[2 * n + i * m : 2 * n + (i + 1) * m] for i in range(3))
         self.fed = {int(node): row for row, node in enumerate(nodes)}
         self._fed_children = {(int(up), int(token)): int(node) for node, up, token in zip(nodes, ups, fed_tokens)}
-        return tree, read[3 * n + 3 * m :]
+        return columns, read[3 * n + 3 * m :]
 
     def _forget(self) -> None:
         self.fed, self._fed_children, self._candidates, self._pool = {}, {}, None, None
@@ -368,6 +369,21 @@ class TreeDrafter:
 
 def _prob(logp: float) -> float:
     return math.exp(logp)
+
+
+def _best(tokens: list[int], parents: list[int], scores: list[float],
+          count: int) -> tuple[list[int], list[int], list[float]]:
+    """Of nodes in topological order (``parents``: earlier positions, negative for the root's children), the best
+    ``count`` as :meth:`Tree.select` ranks them (score, then depth, then position), before any Tree is built."""
+    if count >= len(tokens):
+        return tokens, parents, scores
+    depth: list[int] = []
+    for up in parents:
+        depth.append(1 if up < 0 else depth[up] + 1)
+    kept = sorted(sorted(range(len(tokens)), key=lambda i: (-scores[i], depth[i], i))[: max(count, 0)])
+    where = {old: new for new, old in enumerate(kept)}
+    return ([tokens[i] for i in kept], [where[parents[i]] if parents[i] >= 0 else -1 for i in kept],
+            [scores[i] for i in kept])
 
 
 def positions(base: int, depth: int | torch.Tensor, n: int, device: torch.device) -> torch.Tensor:

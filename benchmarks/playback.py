@@ -66,18 +66,16 @@ class Replay:
         self.at += 1
         for number, shape, dtype, device in writes:
             layer = cache.layers[number]
-            end = layer.filled + shape[2]
-            if (not self.write_kv and layer.is_initialized and end <= cache.capacity
-                    and layer.keys.shape[2] == cache.capacity):
-                # a GPU writes the keys and values in its own memory: only the rows are counted here. Writing
-                # zeros (a verification's rows of every layer, megabytes) would evict the host code's caches
-                # as a CPU forward does, a cost that does not transfer to a GPU
-                layer.filled = end
-                continue
             zeros = self._zeros.get((shape, dtype, device))
             if zeros is None:
                 zeros = self._zeros[(shape, dtype, device)] = torch.zeros(shape, dtype=dtype, device=device)
-            PositionLayer.update.__wrapped__(layer, zeros, zeros)  # the layer's block is made (or grown) first
+            if self.write_kv:
+                PositionLayer.update.__wrapped__(layer, zeros, zeros)
+            else:
+                # a GPU writes the keys and values in its own memory: only the rows are counted here. Writing
+                # zeros (a verification's rows of every layer, megabytes) would evict the host code's caches
+                # as a CPU forward does, a cost that does not transfer to a GPU
+                layer.filled = layer.make_room(zeros)
         return out  # not a copy: every vocabulary-wide use of it is played back too, so nothing changes it
 
     def recording(self) -> Callable:

@@ -47,12 +47,18 @@ class PositionLayer(CacheLayerMixin):
         self.keys, self.values = kv[0], kv[1]
         self.is_initialized = True
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def make_room(self, key_states: torch.Tensor) -> int:
+        """A block that holds ``key_states``'s rows after the filled ones (made, or grown, as needed); returns
+        where they end."""
         end = self.filled + key_states.shape[2]
         if end > self.cache.capacity:
             self.cache.capacity = max(end, 2 * self.cache.capacity)
         if not self.is_initialized or self.keys.shape[2] != self.cache.capacity:
-            self.lazy_initialization(key_states, value_states)
+            self.lazy_initialization(key_states, key_states)
+        return end
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.make_room(key_states)
         self.keys[:, :, self.filled : end] = key_states
         self.values[:, :, self.filled : end] = value_states
         self.filled = end

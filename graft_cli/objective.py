@@ -98,7 +98,7 @@ class Objective:
         """One draft forward of ``rows`` rows, in latency units (the target curve's shape, the draft's scale)."""
         target_one = self.latency(1)
         one = self.draft_unit / self.unit if self.unit and self.draft_unit else DRAFT_PRIOR * target_one
-        return one * (target_one if rows == 1 else self.latency(rows)) / target_one
+        return one * self.latency(rows) / target_one
 
     def spent(self, seconds: float, rows: Sequence[int]) -> float:
         """What drafting has cost so far: measured ``seconds`` once the unit is known, else the prior per row."""

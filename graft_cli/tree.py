@@ -15,6 +15,13 @@ import numpy as np
 ROOT = -1
 
 
+def best_first(scores: Sequence[float], depths: Sequence[int]) -> list[int]:
+    """Node indices by score, best first; ties go to the shallower node, then to the earlier one: the order every
+    selection of a tree's best nodes keeps (a parent before its children)."""
+    order = sorted([(-score, depth, i) for i, (score, depth) in enumerate(zip(scores, depths))])
+    return [i for _, _, i in order]
+
+
 @dataclass(slots=True)  # slots: hundreds are made every step
 class Node:
     token: int
@@ -118,8 +125,7 @@ class Tree:
 
     def ranked(self) -> list[int]:
         """Node indices best first; a parent always precedes its children (scores never rise along a path)."""
-        order = sorted([(-n.score, n.depth, i) for i, n in enumerate(self.nodes)])
-        return [i for _, _, i in order]
+        return best_first([n.score for n in self.nodes], [n.depth for n in self.nodes])
 
     def select(self, budget: int) -> Tree:
         """The best ``budget`` nodes by score, as a new prefix-closed tree (ties go to shallower nodes)."""

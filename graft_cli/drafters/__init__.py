@@ -32,7 +32,7 @@ import numpy as np
 from graft_cli.objective import Objective
 from graft_cli.prune import Checkpoint, PruneSchedule
 from graft_cli.stats import Stats
-from graft_cli.tree import ROOT, Tree
+from graft_cli.tree import ROOT, Tree, best_first
 from plugins.base import Step
 
 SOURCE = "draft"
@@ -102,7 +102,8 @@ class Frontier:
         return self.nodes.shape[0]
 
     def head(self, n: int) -> Frontier:
-        return Frontier(*(value if isinstance(value := getattr(self, f.name), int) else value[:n] for f in fields(self)))
+        values = (getattr(self, f.name) for f in fields(self))
+        return Frontier(*(value if isinstance(value, int) else value[:n] for value in values))
 
 
 class TreeDrafter:
@@ -380,7 +381,7 @@ def _best(tokens: list[int], parents: list[int], scores: list[float],
     depth: list[int] = []
     for up in parents:
         depth.append(1 if up < 0 else depth[up] + 1)
-    kept = sorted(sorted(range(len(tokens)), key=lambda i: (-scores[i], depth[i], i))[: max(count, 0)])
+    kept = sorted(best_first(scores, depth)[: max(count, 0)])
     where = {old: new for new, old in enumerate(kept)}
     return ([tokens[i] for i in kept], [where[parents[i]] if parents[i] >= 0 else -1 for i in kept],
             [scores[i] for i in kept])

@@ -1,11 +1,12 @@
-"""`graft models list | pull | info | rm`: the model catalog. Results go to stdout; progress and logs to stderr.
+"""`graft models list | pull | info | rm | vocab`: the model catalog, and the token counts a draft model's vocabulary
+is chosen by. Results go to stdout; progress and logs to stderr.
 
 Only cheap imports here: the catalog module itself imports torch/transformers when a conversion runs."""
 
 from __future__ import annotations
 
 import json
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -102,3 +103,30 @@ def rm(name: str = typer.Argument(..., help="Catalog name or gguf-* name of a pu
 
     path = install.remove(name)
     typer.echo(f"removed {name} ({path})")
+
+
+@models_app.command("vocab")
+def vocab(
+    name: str = typer.Argument(..., help="Catalog name or model directory whose tokenizer counts (a draft or its target)."),
+    corpus: List[str] = typer.Argument(..., help="Corpus: JSONL, Parquet/Arrow files or folders."),
+    field: List[str] = typer.Option([], "--field", help="Record fields to read (JSONL/Parquet); default: auto."),
+    max_documents: Optional[int] = typer.Option(None, "--max-documents", help="Read at most N documents."),
+) -> None:
+    """Count how often each token occurs in a corpus, so that a draft model scores only the tokens real text uses
+    (on a CPU by default; --draft-vocab N to choose). Prints the ranking's file on stdout."""
+    from transformers import AutoTokenizer
+
+    from graft_cli import token_ranking
+    from graft_cli.catalog import resolve
+    from graft_cli.heads.data import read_documents
+
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve.resolve_model(name)))
+    docs, summary = read_documents(corpus, tokenizer, field or None, max_documents)
+    ranking = token_ranking.Ranking.count(docs.tokens, len(tokenizer), summary)
+    path = token_ranking.save(ranking, tokenizer)
+    typer.echo(f"graft: {summary}: {len(docs.tokens):,} tokens, {ranking.used:,} of {len(tokenizer):,} ids used", err=True)
+    for size in sorted({8192, 16384, 32768, 65536, ranking.size_for()}):
+        if size <= ranking.used:
+            note = "  (the default on a CPU)" if size == ranking.size_for() else ""
+            typer.echo(f"  --draft-vocab {size:>7,}  covers {ranking.coverage(size):.2%}{note}", err=True)
+    typer.echo(str(path))

@@ -17,6 +17,7 @@ import torch
 from datastores.corpus import Corpus, extract_text
 from datastores.errors import DatastoreError
 from graft_cli.errors import GraftError
+from graft_cli.token_ranking import Ranking
 
 PROMPT_KEYS = ("instruction", "question", "prompt")
 ANSWER_KEYS = ("response", "output", "answer", "completion")
@@ -126,9 +127,8 @@ def draft_vocabulary(docs: Documents, vocab: int, size: int) -> tuple[torch.Tens
     share of training tokens they cover."""
     if not 0 < size <= vocab:
         raise GraftError(f"--draft-vocab must be in 1..{vocab}, got {size}")
-    counts = np.bincount(docs.tokens, minlength=vocab)[:vocab]
-    order = np.lexsort((np.arange(vocab), -counts))[:size]
-    return torch.from_numpy(np.sort(order)), float(counts[order].sum() / max(counts.sum(), 1))
+    ranking = Ranking.count(docs.tokens, vocab, "")
+    return torch.from_numpy(ranking.top(size)), ranking.coverage(size)
 
 
 @dataclass

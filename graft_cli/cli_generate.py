@@ -28,7 +28,7 @@ def generate(
     draft_top_k: Optional[int] = typer.Option(None, "--draft-top-k", min=1, help="Draft nodes expanded per level and children per node (default: 2 on CPU, 8 on CUDA)."),
     prune_at: Optional[str] = typer.Option(None, "--prune-at", help="Pruning checkpoints LEVEL:THRESHOLD[:SHARE],... (default 0:0.35,1:0.25,5:0.15; 'none': no pruning)."),
     chain: bool = typer.Option(False, "--chain", help="Draft a single chain; with graft: Graft(TAIL), retrieved tokens fill the tail."),
-    draft_vocab: Optional[int] = typer.Option(None, "--draft-vocab", min=0, help="A draft model scores only the N lowest token ids plus special tokens (default: all)."),
+    draft_vocab: Optional[int] = typer.Option(None, "--draft-vocab", min=0, help="A draft model scores only N tokens: the most frequent by `graft models vocab` (else the lowest ids), the special ones and the prompt's (default: the ranked tokens covering 99.99% of the corpus on a CPU, all on a GPU or without a ranking; 0: all)."),
     draft_window: Optional[int] = typer.Option(None, "--draft-window", help="A draft model reads at most the first 4 and last N-4 prompt tokens (default: 2048 on CPU, the whole prompt on CUDA; 0: the whole prompt). Retrieval reads all of it."),
     rope_theta: Optional[float] = typer.Option(None, "--rope-theta", help="RoPE base of an EAGLE-3 head (default: its config's, else 10000)."),
     adjacency_file: Optional[str] = typer.Option(None, "--adjacency-file", help="Keep the recycling adjacency table in FILE across runs (safetensors)."),

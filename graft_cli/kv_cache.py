@@ -91,15 +91,18 @@ class PositionCache(Cache):
         self.capacity = 0
         self.block: torch.Tensor | None = None  # [layers, 2, batch, heads, capacity, head_dim]
 
-    def reserve(self, capacity: int) -> None:
-        """Start a request of up to ``capacity`` positions: empty, and blocks of at least that many rows (held
-        ones are reused when big enough; bigger ones are made at the first forward, nothing copied)."""
+    def reserve(self, capacity: int, keep: int = 0) -> None:
+        """Start a request of up to ``capacity`` positions: its first ``keep`` rows those held now (a prefix the
+        last request shares with it), the rest empty, in blocks of at least that many rows (held ones are reused
+        when big enough; bigger ones are made at the first forward, only kept rows copied)."""
         if capacity > self.capacity:
-            self.capacity, self.block = capacity, None
-            for layer in self.layers:
-                layer.own = None
+            self.capacity = capacity
+            if not keep:
+                self.block = None
+                for layer in self.layers:
+                    layer.own = None
         for layer in self.layers:
-            layer.filled = 0
+            layer.filled = keep
 
     def storage(self, layer: PositionLayer, like: torch.Tensor) -> torch.Tensor:
         """``layer``'s ``[2, batch, heads, capacity, head_dim]`` rows: in the shared block when ``like`` (its

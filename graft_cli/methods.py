@@ -60,7 +60,7 @@ class MethodConfig:
     prune_at: str | None = None  # "LEVEL:THRESHOLD[:SHARE],...[,floor:X]"; None: (0.35, 0.25, 0.15), device floor
     chain: bool = False  # draft one path (Graft(TAIL) with graft)
     rope_theta: float | None = None  # EAGLE-3 heads: the RoPE base the head was trained with
-    draft_vocab: int | None = None  # draft models: score only the N lowest ids + special tokens (None/0: all)
+    draft_vocab: int | None = None  # draft models: score N ranked ids + special + the prompt's (0: all; None: default)
     draft_window: int | None = None  # draft models: prompt tokens read at most (None: the device's default; 0: all)
     tree: str | None = None  # "cost" (graft's default with a drafter: graft_cli/objective.py) or "fixed"
     curve: str | None = None  # "cpu" or "cuda": choose trees by that device's default latency curve, not this one's

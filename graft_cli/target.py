@@ -81,18 +81,19 @@ class Target:
             use_split_attention(model)
 
     @torch.inference_mode()
-    def prefill(self, ids: list[int], hidden: bool = False, capacity: int | None = None) -> Forward:
+    def prefill(self, ids: list[int], hidden: bool = False, capacity: int | None = None, kept: int = 0) -> Forward:
         """Start a request of up to ``capacity`` positions (prompt + new tokens + tree room: then the cache never
         reallocates) and run the prompt through in chunks of ``self.chunk`` tokens; only the last position's
-        logits are kept (FlashAttention is fine here: a chunk's mask is plain causal past the cache)."""
-        self.cache.reserve(max(capacity or 0, len(ids) + ROOM))
-        self.length = 0
+        logits are kept (FlashAttention is fine here: a chunk's mask is plain causal past the cache). ``kept``:
+        leading rows the cache already holds for ``ids`` (fewer than all of them), which are not fed again."""
+        self.cache.reserve(max(capacity or 0, len(ids) + ROOM), kept)
+        self.length = kept
         x = torch.tensor([ids], device=self.device)
         states: list[tuple[torch.Tensor, ...]] = []
         if self.progress is not None:
             self.progress(0, len(ids))
         with self._attention(self.prefill_attention):
-            for start in range(0, len(ids), self.chunk):
+            for start in range(kept, len(ids), self.chunk):
                 out = self.model(input_ids=x[:, start : start + self.chunk], cache=self.cache, use_cache=True,
                                  output_hidden_states=hidden, logits_to_keep=1, visible=start)
                 if hidden:

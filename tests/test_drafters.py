@@ -22,6 +22,7 @@ from graft_cli.prune import PruneSchedule
 from graft_cli.sampling import Sampling
 from graft_cli.stats import Stats
 from graft_cli.target import Target
+from graft_cli.tree import Tree
 from plugins.adjacency import AdjacencyRetriever
 from plugins.base import Step
 from plugins.prompt_lookup import PromptLookup
@@ -243,6 +244,28 @@ def test_a_reduced_draft_vocabulary_drafts_only_its_ids_and_stays_lossless():
     assert run(target, GraftProposer(8, drafter=drafter), prompt, 40, stats) == truth
     assert drafter.pool.nodes and all(node.token in set(vocab.tolist()) for node in drafter.pool.nodes)
     assert stats.accepted["draft"] > 0
+
+
+def test_a_draft_model_keeps_what_it_read_of_the_last_request_when_the_next_begins_with_it():
+    """A conversation's next turn repeats the last: the draft reads only what is new, and drafts as if it had
+    read everything (the same first tree as a fresh drafter's), across a cache that must grow."""
+    target, draft = tiny_model(seed=1), tiny_model(seed=2)
+    first = list(range(5, 17))
+    drafter = DraftModelDrafter(draft, VOCAB, depth=3, top_k=2)
+    answer = run(target, GraftProposer(8, drafter=drafter), first, 12)
+    assert answer == run(target, GraftProposer(0), first, 12)
+    turn = [*first, *answer[:-1], 40, 41, 42]  # the last answer back, but its last token, then a new question
+    assert run(target, GraftProposer(8, drafter=drafter), turn, 60) == run(target, GraftProposer(0), turn, 60)
+    assert drafter.kept == len(first) + len(answer) - 1  # and the cache grew past the first request's rows
+    again = DraftModelDrafter(draft, VOCAB, depth=3, top_k=2)
+    run(target, GraftProposer(8, drafter=again), first, 12)
+    again.start(turn, Step(turn, [], Tree(), [], None, None), len(turn) + 80)
+    cold = DraftModelDrafter(draft, VOCAB, depth=3, top_k=2)
+    cold.start(turn, Step(turn, [], Tree(), [], None, None), len(turn) + 80)
+    assert again.unread([*turn, 7]) == 4 and cold.unread([*turn, 7]) == len(turn) + 1
+    a, b = (d.draft([*turn, 7], 8, Stats()) for d in (again, cold))
+    assert [(n.token, n.parent) for n in a.nodes] == [(n.token, n.parent) for n in b.nodes]
+    assert [n.score for n in a.nodes] == pytest.approx([n.score for n in b.nodes], rel=1e-4)
 
 
 # --- the tensor drafter against the per-node algorithm it replaced ---------------------------------------------

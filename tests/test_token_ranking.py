@@ -104,3 +104,4 @@ def test_graft_models_vocab_counts_a_corpus(capsys, home, tmp_path):
 
     code, out, err = run_cli(capsys, "models", "vocab", str(model), str(tmp_path / "missing.jsonl"))
     assert code != 0 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+

@@ -12,6 +12,7 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
+from graft_cli import token_ranking
 from graft_cli.bench.datasets import REPO_ROOT, categories_of, load_questions, resolve_dataset
 from graft_cli.bench.execution import Conversation, check_reach, execute, read_runs, record_key, runs_files, warm_up
 from graft_cli.bench.plan import MethodSpec, Variant, expand_methods, fingerprint, method_config, plan_methods, uses_draft
@@ -116,6 +117,8 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
 
     checksum = model_checksum(loaded.path)
     draft_checksum = model_checksum(draft_loaded.path) if draft_loaded else opts.draft  # a plugin's: its spec
+    ranking = token_ranking.ranking_path(loaded.tokenizer)  # a draft model's default vocabulary follows it
+    ranking_sha = _file_sha256(ranking) if draft_loaded and ranking.is_file() else None
     if kind == "eagle3":
         from graft_cli.heads import resolve_head
 
@@ -136,6 +139,8 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
             parts.update(options=opts.options)
             if opts.method_opts:
                 parts.update(method_opts=opts.method_opts)
+            if ranking_sha and uses_draft(s):
+                parts.update(token_ranking=ranking_sha)
         fingerprints[s.name] = fingerprint(parts)
 
     out_dir = Path(opts.out)

@@ -20,6 +20,10 @@ retrieval alone is faster for this request (a summary copies its article) and ne
 model's prefill (a third of the target's, for Qwen 0.5B beside 1.5B) is never paid. :meth:`unread` tells the
 proposer what joining would cost; the seconds it took are ``catch_up_s``, kept apart from the draft's own.
 
+What the cache holds of the last request it read stays for the next: a conversation's next turn begins with the
+last turn's prompt and answer, so the draft reads only what is new (``kept`` rows; the target reads its whole
+prompt as always, so every method's prefill stays the same).
+
 With ``--draft-window N`` a prompt longer than N tokens is read by the draft as its first ``SINK`` tokens (which
 attention leans on, wherever the text goes) and its last ``N - SINK``, at positions counted from 0: at 8K tokens on a
 CPU the draft model's own prefill of the whole prompt delays the first token by a third of the target's prefill
@@ -32,6 +36,7 @@ import sys
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Sequence
 
+import numpy as np
 import torch
 from torch.nn import functional as F
 
@@ -60,7 +65,8 @@ def check_vocab(target_tokenizer: Any, draft_tokenizer: Any, spec: str) -> None:
         )
 
 
-def draft_vocab(tokenizer: Any, vocab_size: int, size: int, ranking: token_ranking.Ranking | None = None) -> torch.Tensor | None:
+def draft_vocab(tokenizer: Any, vocab_size: int, size: int,
+                ranking: token_ranking.Ranking | None = None) -> torch.Tensor | None:
     """The target ids a draft model scores: the ``size`` most frequent by ``ranking`` (else the ``size`` lowest,
     which byte-level BPE tokenizers give their earliest merges), and every special or added token (stop tokens
     among them). None (the whole vocabulary) when that is not smaller, or ``size`` is 0."""
@@ -90,7 +96,8 @@ def _sliced(lm_head: torch.nn.Module, rows: torch.Tensor) -> torch.nn.Linear:
 
 class DraftCache(Target):
     """The target's KV-cache mechanics for a draft model, plus forwards of tree levels under a mask; logits over
-    ``vocab`` only when given (through the decoder and a sliced copy of the LM head)."""
+    ``vocab`` only when given (through the decoder and a sliced copy of the LM head), then over what
+    :meth:`also_score` adds."""
 
     def __init__(self, model: torch.nn.Module, vocab: torch.Tensor | None = None) -> None:
         super().__init__(model)
@@ -104,7 +111,10 @@ class DraftCache(Target):
         ``F.linear`` over a copy of their rows)."""
         lm_head = self.model.get_output_embeddings()
         bias = getattr(lm_head, "bias", None)
-        self.extra = None if not len(ids) else (lm_head.weight[ids].detach(), None if bias is None else bias[ids].detach())
+        if not len(ids):
+            self.extra = None
+            return
+        self.extra = (lm_head.weight[ids].detach(), None if bias is None else bias[ids].detach())
 
     @torch.inference_mode()
     def feed(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None,
@@ -167,11 +177,15 @@ class DraftModelDrafter(TreeDrafter):
             self.column[self.reduced] = torch.arange(len(self.reduced), device=self.cache.device)
         self.root_position = 0
         self.capacity, self.joined = 0, False  # the request's positions; whether its prompt has been read
+        self.read: Sequence[int] = ()  # the last request the draft read, as its context (the engine's list) ...
+        self.kept = 0  # ... and how many of its first tokens this request's prompt begins with, still cached
 
     def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
+        held = self.cache.length - self.tree_rows  # the cache's rows: the first tokens of the last request read
         super().start(prompt, prefill, capacity)
         self.skipped = len(prompt) - self.window if self.window and len(prompt) > self.window else 0
         self.capacity, self.joined = capacity, False  # the prompt is read at the first draft
+        self.kept = 0 if self.skipped else _common(self.read[:held], prompt[:-1])
         if self.reduced is not None:
             self._score_prompt(prompt)
 
@@ -188,19 +202,21 @@ class DraftModelDrafter(TreeDrafter):
         self.cache.also_score(own)
 
     def unread(self, context: Sequence[int]) -> int:
-        read = self.cache.length if self.joined else 0
+        read = self.cache.length if self.joined else self.kept
         return len(context) - self.skipped - read
 
     def _join(self, context: Sequence[int]) -> None:
         """Before a request's first draft: prefill what it has of the context but its last token (the root, fed
-        with the draft's first forward), the window's middle left out; timed as ``catch_up_s``."""
+        with the draft's first forward), the window's middle left out, and what the cache still holds of the
+        last request left in (a conversation's next turn repeats the last one); timed as ``catch_up_s``."""
         self.catch_up_s = 0.0
         if self.joined:
             return
         t0 = perf_counter()
         ids = list(context[:-1])
         ids = ids[:SINK] + ids[SINK + self.skipped :] if self.skipped else ids
-        self.cache.prefill(ids, capacity=self.capacity - self.skipped)
+        self.cache.prefill(ids, capacity=self.capacity - self.skipped, kept=self.kept)
+        self.read = () if self.skipped else context  # a window's rows are not its context's positions
         self.joined, self.catch_up_s = True, perf_counter() - t0
 
     def _logp(self, logits: torch.Tensor) -> torch.Tensor:
@@ -246,6 +262,13 @@ class DraftModelDrafter(TreeDrafter):
         if self.tree_rows:
             self.cache.keep(keep_rows, self.tree_rows)
         self.tree_rows = 0
+
+
+def _common(held: Sequence[int], prompt: Sequence[int]) -> int:
+    """How many leading tokens ``held`` and ``prompt`` share."""
+    n = min(len(held), len(prompt))
+    differ = np.flatnonzero(np.asarray(held[:n]) != np.asarray(prompt[:n])) if n else ()
+    return int(differ[0]) if len(differ) else n
 
 
 def make(env: DrafterEnv) -> DraftModelDrafter:

@@ -86,18 +86,20 @@ def tokenizer_key(tokenizer: Any) -> str:
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
-def ranking_path(tokenizer: Any) -> Path:
+def ranking_path(tokenizer: Any, key: str | None = None) -> Path:
+    """Where the ranking of ``tokenizer`` (whose :func:`tokenizer_key` is ``key``, when known) is filed."""
     from graft_cli.catalog.home import graft_home
 
-    return graft_home() / "vocab" / f"{tokenizer_key(tokenizer)}.json"
+    return graft_home() / "vocab" / f"{key or tokenizer_key(tokenizer)}.json"
 
 
 def save(ranking: Ranking, tokenizer: Any) -> Path:
     from datastores.atomic import write_text_atomic
 
-    path = ranking_path(tokenizer)
+    key = tokenizer_key(tokenizer)
+    path = ranking_path(tokenizer, key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(ranking.to_json(tokenizer_key(tokenizer))) + "\n")
+    write_text_atomic(path, json.dumps(ranking.to_json(key)) + "\n")
     return path
 
 

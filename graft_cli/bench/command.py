@@ -117,8 +117,8 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
 
     checksum = model_checksum(loaded.path)
     draft_checksum = model_checksum(draft_loaded.path) if draft_loaded else opts.draft  # a plugin's: its spec
-    ranking = token_ranking.ranking_path(loaded.tokenizer)  # a draft model's default vocabulary follows it
-    ranking_sha = _file_sha256(ranking) if draft_loaded and ranking.is_file() else None
+    ranking = token_ranking.ranking_path(loaded.tokenizer) if draft_loaded else None  # a draft's vocabulary follows it
+    ranking_sha = _file_sha256(ranking) if ranking is not None and ranking.is_file() else None
     if kind == "eagle3":
         from graft_cli.heads import resolve_head
 

@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
 from graft_cli import token_ranking
 from graft_cli.cpu_linear import CpuLinear, use_cpu_linears
@@ -103,19 +102,13 @@ class DraftCache(Target):
     def __init__(self, model: torch.nn.Module, vocab: torch.Tensor | None = None) -> None:
         super().__init__(model)
         self.head: torch.nn.Linear | None = None
-        self.extra: tuple[torch.Tensor, torch.Tensor | None] | None = None  # more columns after the head's
+        self.extra: torch.nn.Linear | None = None  # more columns after the head's
         if vocab is not None:
             self.head = _sliced(model.get_output_embeddings(), vocab.to(self.device))
 
     def also_score(self, ids: torch.Tensor) -> None:
-        """Columns for ``ids`` after the reduced head's (a request's own tokens it lacks; few, so a plain
-        ``F.linear`` over a copy of their rows)."""
-        lm_head = self.model.get_output_embeddings()
-        bias = getattr(lm_head, "bias", None)
-        if not len(ids):
-            self.extra = None
-            return
-        self.extra = (lm_head.weight[ids].detach(), None if bias is None else bias[ids].detach())
+        """Columns for ``ids`` after the reduced head's (a request's own tokens it lacks)."""
+        self.extra = _sliced(self.model.get_output_embeddings(), ids) if len(ids) else None
 
     @torch.inference_mode()
     def feed(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor | None,
@@ -138,7 +131,7 @@ class DraftCache(Target):
             rows = hidden[-last:] if last else hidden
             logits = self.head(rows)
             if self.extra is not None:
-                logits = torch.cat([logits, F.linear(rows, *self.extra)], dim=-1)
+                logits = torch.cat([logits, self.extra(rows)], dim=-1)
         self.length = past + tokens.shape[0]
         return logits
 

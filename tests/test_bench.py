@@ -109,8 +109,45 @@ def test_interleaving_rotates_methods_question_by_question():
     # question 1 has two turns: each method runs both before the next method starts
     assert log == ["ar", "ar", "x", "x", "y", "y", "x", "y", "ar", "y", "ar", "x"]
     assert len(records) == 9
-    order = [(q.question_id, r.name) for q, r in interleave(QUESTIONS, runners)]
+    order = [(q.question_id, r.name) for q, r, _ in interleave(QUESTIONS, runners)]
     assert order[:3] == [(1, "ar"), (1, "x"), (1, "y")] and order[3:6] == [(2, "x"), (2, "y"), (2, "ar")]
+
+
+def test_repeats_run_in_rounds_and_report_each_turns_fastest():
+    """--repeats: rounds rotate and every other one runs backwards; one record per (question, method), each
+    turn from its fastest round, every round's wall time kept."""
+    order = [(q.question_id, r.name, last) for q, r, last in interleave(QUESTIONS[:1], [FakeRunner("ar"), FakeRunner("x"), FakeRunner("y")], 3)]
+    assert [name for _, name, _ in order] == ["ar", "x", "y", "ar", "y", "x", "y", "ar", "x"]
+    assert [last for *_, last in order] == [False] * 6 + [True] * 3
+
+    class Drifting(FakeRunner):  # slower, then faster, then slower again: round 2 is the fastest
+        speeds = iter([1.0, 1.0, 4.0, 4.0, 2.0, 2.0])
+
+        def run(self, ids, max_new_tokens):
+            self.speed = next(self.speeds)
+            return super().run(ids, max_new_tokens)
+
+    (record,) = execute(QUESTIONS[:1], [Drifting("ar")], FakeConv(), 4, rounds=3)
+    assert record["rounds"] == 3 and record["rounds_agree"] is True
+    assert [t["wall_s"] for t in record["turns"]] == [1.0, 1.0]
+    assert record["turns"][0]["round_wall_s"] == [4.0, 1.0, 2.0]
+
+
+def test_repeats_never_mix_rounds_that_disagree():
+    calls = []
+
+    class Flaky(FakeRunner):  # the second round answers differently
+        def run(self, ids, max_new_tokens):
+            calls.append(ids)
+            turn = super().run(ids, max_new_tokens)
+            if len(calls) == 2:
+                turn.tokens[0] += 1
+                turn.wall = 0.1
+            return turn
+
+    (record,) = execute(QUESTIONS[1:2], [Flaky("ar")], FakeConv(), 4, rounds=2)
+    assert record["rounds_agree"] is False
+    assert record["turns"][0]["wall_s"] == 4.0 and record["turns"][0]["round_wall_s"] == [4.0, 0.1]
 
 
 def test_multi_turn_puts_each_methods_own_answer_back():

@@ -76,6 +76,27 @@ def test_cli_bench_end_to_end_on_a_tiny_model(tiny_dir, tmp_path, capsys, monkey
     assert again["summary"]["overall"]["pld"]["new_tokens"] == results["summary"]["overall"]["pld"]["new_tokens"]
 
 
+def test_cli_bench_repeats_report_the_fastest_round_of_agreeing_runs(tiny_dir, tmp_path, capsys, monkeypatch):
+    """--repeats 2: every method twice per question, the same tokens both times (engine and transformers alike),
+    one record each; a one-round run's records are not resumed into it."""
+    monkeypatch.setenv("GRAFT_HOME", str(tmp_path / "home"))
+    out = tmp_path / "out"
+    common = ["bench", "--model", str(tiny_dir), "--dataset", str(_dataset(tmp_path)), "--limit", "1",
+              "--max-new-tokens", "5", "--methods", "pld,graft,hf-pld", "--out", str(out), "--no-plots", "--no-warmup"]
+    code, _, stderr = run_cli(common, capsys)
+    assert code == 0, stderr
+    code, stdout, stderr = run_cli([*common, "--repeats", "2", "--resume"], capsys)
+    assert code == 0 and "resuming" not in stderr and "different tokens" not in stderr, stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["repeats"] == 2 and "2 rounds" in results["config"]["interleaving"]
+    assert results["rounds_disagree"] == [] and results["lossless"]["ok"]
+    assert len(results["prompts"]) == 8
+    for record in results["prompts"]:
+        assert record["rounds"] == 2 and record["rounds_agree"] is True
+        for turn in record["turns"]:
+            assert len(turn["round_wall_s"]) == 2 and turn["wall_s"] == min(turn["round_wall_s"])
+
+
 def test_cli_bench_budgets_with_auto(tiny_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GRAFT_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(profile, "CPU_SIZES", (1, 2, 4, 8))

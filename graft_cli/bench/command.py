@@ -46,6 +46,7 @@ class BenchOptions:
     command: str = ""
     device_map: str | dict | None = None  # accelerate's placement of a model larger than one GPU (--device-map)
     truncate: str | None = None  # left or right: cut prompts that would reach past the model's limits
+    repeats: int = 1  # rounds of every (question, method); each turn reported from its fastest round
 
 
 def _git_commit() -> str | None:
@@ -130,6 +131,8 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
               "dtype": dtype, "threads": env["device"]["torch_threads"]}
     if opts.truncate:  # cut prompts are other prompts
         common["truncate"] = opts.truncate
+    if opts.repeats > 1:  # the fastest of several rounds is another figure than one round's
+        common["repeats"] = opts.repeats
     fingerprints = {}
     for s in specs:
         parts = dict(common, spec=s.as_dict())
@@ -193,7 +196,7 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
                 records = [r for r in done.values() if r["method"] in names]
             else:
                 records = execute(questions, runners, conv, opts.max_new_tokens, runs_path, done, fingerprints,
-                                  on_record, {"commit": commit}, failed)
+                                  on_record, {"commit": commit}, failed, opts.repeats)
         except KeyboardInterrupt as e:
             interrupted = e
             records = [r for k, r in read_runs(every_run, fingerprints).items() if k[0] in wanted and k[1] in names]
@@ -206,6 +209,8 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     names = [n for n in names if n not in failed]
     records = [r for r in records if r["method"] in names]
 
+    disagree = [{"question_id": r["question_id"], "method": r["method"]} for r in records
+                if r.get("rounds_agree") is False]
     summary = summarize(records, names, categories)
     lossless = report(records, dtype)
     mismatches = lossless["mismatches"]
@@ -231,7 +236,10 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         "truncate": opts.truncate,
         "sampling": "greedy",
         "warmup": opts.warmup,
-        "interleaving": "question by question, method order rotating by one per question",
+        "interleaving": "question by question, method order rotating by one per question"
+                        + (f"; {opts.repeats} rounds, rotating by one and reversed every other round, each turn "
+                           "from its fastest round" if opts.repeats > 1 else ""),
+        "repeats": opts.repeats,
         "commit": commit,
         **env,
     }
@@ -251,6 +259,7 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         "summary": summary,
         "lossless": lossless,
         "failed": failed,
+        "rounds_disagree": disagree,
         "timing": timing,
         "prompts": [lean_record(r) for r in records],
         "complete": interrupted is None and not failed and len(records) == total,
@@ -279,6 +288,9 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
                   f"{', plots' if opts.plots else ''})")
     if interrupted is not None:
         raise interrupted
+    for d in disagree:
+        err.print(f"graft: warning: question {d['question_id']}, {d['method']}: its --repeats rounds produced "
+                  "different tokens; its first round is reported", highlight=False)
     for d in lossless["ties"]:
         err.print(f"graft: note: {describe(d, lossless['tie_tolerance'])}", highlight=False)
     for d in mismatches:

@@ -1,6 +1,6 @@
-"""Running the questions: turn by turn, the methods interleaved question by question, each finished
-(question, method) appended to a runs file at once so that an interrupted run resumes (``--resume``) and
-shards merge (``--report-only``)."""
+"""Running the questions: turn by turn, the methods interleaved question by question (``--repeats``: in rounds),
+each finished (question, method) appended to a runs file at once so that an interrupted run resumes
+(``--resume``) and shards merge (``--report-only``)."""
 
 from __future__ import annotations
 
@@ -71,12 +71,34 @@ def run_question(runner: Runner, question: Question, conv: Conversation, max_new
             "turns": turns}
 
 
-def interleave(questions: Sequence[Question], runners: Sequence[Runner]) -> Iterable[tuple[Question, Runner]]:
-    """Question by question, every method; the methods' order rotates by one from a question to the next."""
+def interleave(questions: Sequence[Question], runners: Sequence[Runner],
+               rounds: int = 1) -> Iterable[tuple[Question, Runner, bool]]:
+    """Question by question, every method ``rounds`` times, with whether it is that method's last round of the
+    question. The methods' order rotates by one from a question to the next and from a round to the next, and
+    every other round runs backwards: a slow spell of a shared machine then hits every method alike."""
     n = len(runners)
     for i, q in enumerate(questions):
-        for j in range(n):
-            yield q, runners[(i + j) % n]
+        for r in range(rounds):
+            order = [runners[(i + r + j) % n] for j in range(n)]
+            for runner in order if r % 2 == 0 else order[::-1]:
+                yield q, runner, r == rounds - 1
+
+
+def fastest(rounds: Sequence[dict]) -> dict:
+    """One record from a question's rounds of one method: each turn's figures from the round that ran it
+    fastest (other work on a shared machine only ever adds time, as the latency profile assumes), with every
+    round's wall time beside them. Rounds whose tokens differ are not mixed: the first round is kept whole and
+    ``rounds_agree`` says so (a deterministic method always agrees)."""
+    first = rounds[0]
+    if len(rounds) == 1:
+        return first
+    agree = all([t["tokens"] for t in r["turns"]] == [t["tokens"] for t in first["turns"]] for r in rounds)
+    turns = []
+    for i, turn in enumerate(first["turns"]):
+        ran = [r["turns"][i] for r in rounds] if agree else [turn]
+        turns.append({**min(ran, key=lambda t: t["wall_s"]),
+                      "round_wall_s": [r["turns"][i]["wall_s"] for r in rounds if i < len(r["turns"])]})
+    return {**first, "turns": turns, "rounds": len(rounds), "rounds_agree": agree}
 
 
 def record_key(record: dict) -> tuple[str, str]:
@@ -118,8 +140,10 @@ def execute(
     on_record: Callable[[dict], None] | None = None,
     stamp: dict | None = None,
     failed: dict[str, str] | None = None,
+    rounds: int = 1,
 ) -> list[dict]:
-    """Run what is not ``done`` yet, interleaved; append each record to ``runs_path`` as soon as it finishes.
+    """Run what is not ``done`` yet, interleaved, ``rounds`` times (:func:`fastest` makes one record of them);
+    append each record to ``runs_path`` as soon as its last round finishes.
 
     A method that raises is dropped from the rest of the run (its error goes into ``failed``) and the others go
     on; its finished questions stay in ``runs_path`` for a later ``--resume``."""
@@ -134,17 +158,21 @@ def execute(
         if out.tell() and not runs_path.read_bytes().endswith(b"\n"):  # a line cut short by an interruption
             out.write("\n")
     try:
-        for question, runner in interleave(questions, runners):
+        ran: dict[tuple[str, str], list[dict]] = {}  # this question's rounds so far, per method
+        for question, runner, last in interleave(questions, runners, rounds):
             key = (json.dumps(question.question_id), runner.name)
             if key in done or runner.name in failed:
                 continue
             try:
-                record = run_question(runner, question, conv, max_new_tokens)
+                ran.setdefault(key, []).append(run_question(runner, question, conv, max_new_tokens))
             except Exception as e:  # noqa: BLE001 - one broken method must not lose hours of the others' runs
                 where = traceback.extract_tb(e.__traceback__)[-1]
                 failed[runner.name] = (f"question {question.question_id}: {type(e).__name__}: {e} "
                                        f"({Path(where.filename).name}:{where.lineno})")
                 continue
+            if not last:
+                continue
+            record = fastest(ran.pop(key))
             if fingerprints:
                 record["fingerprint"] = fingerprints.get(runner.name)
             record.update(stamp or {}, tstamp=round(time.time(), 3))

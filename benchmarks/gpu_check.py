@@ -153,7 +153,7 @@ def runners(loaded, configs: dict[str, MethodConfig]) -> list:
     with shared_models(loaded):  # the draft model is the target: one copy
         for name, config in configs.items():
             target = MarginTarget(loaded.model) if name == "ar" else Target(loaded.model)
-            out.append(EngineRunner(name, target, methods.build(config, loaded), stop, device))
+            out.append(EngineRunner(name, target, lambda c=config: methods.build(c, loaded), stop, device))
     out.append(PeerRunner("hf", loaded.model, stop, device))
     return out
 

@@ -109,34 +109,43 @@ def test_interleaving_rotates_methods_question_by_question():
     # question 1 has two turns: each method runs both before the next method starts
     assert log == ["ar", "ar", "x", "x", "y", "y", "x", "y", "ar", "y", "ar", "x"]
     assert len(records) == 9
-    order = [(q.question_id, r.name) for q, r, _ in interleave(QUESTIONS, runners)]
+    order = [(q.question_id, r.name) for q, r in interleave(QUESTIONS, runners)]
     assert order[:3] == [(1, "ar"), (1, "x"), (1, "y")] and order[3:6] == [(2, "x"), (2, "y"), (2, "ar")]
 
 
-def test_repeats_run_in_rounds_and_report_each_turns_fastest():
-    """--repeats: rounds rotate and every other one runs backwards; one record per (question, method), each
-    turn from its fastest round, every round's wall time kept."""
-    order = [(q.question_id, r.name, last) for q, r, last in interleave(QUESTIONS[:1], [FakeRunner("ar"), FakeRunner("x"), FakeRunner("y")], 3)]
-    assert [name for _, name, _ in order] == ["ar", "x", "y", "ar", "y", "x", "y", "ar", "x"]
-    assert [last for *_, last in order] == [False] * 6 + [True] * 3
+def test_repeats_are_fresh_passes_reporting_each_turns_fastest():
+    """--repeats: passes over the questions, the order rotating once more and reversed every other pass, the
+    methods rebuilt before each pass after the first; one record per (question, method), each turn from its
+    fastest pass, every pass's wall time kept; a resumed run reruns only the passes missing."""
+    runners = [FakeRunner("ar"), FakeRunner("x"), FakeRunner("y")]
+    order = [r.name for k in range(3) for _, r in interleave(QUESTIONS[:1], runners, k)]
+    assert order == ["ar", "x", "y", "ar", "y", "x", "y", "ar", "x"]
 
-    class Drifting(FakeRunner):  # slower, then faster, then slower again: round 2 is the fastest
+    class Drifting(FakeRunner):  # slower, then faster, then slower again: pass 2 is the fastest
         speeds = iter([1.0, 1.0, 4.0, 4.0, 2.0, 2.0])
 
         def run(self, ids, max_new_tokens):
             self.speed = next(self.speeds)
             return super().run(ids, max_new_tokens)
 
-    (record,) = execute(QUESTIONS[:1], [Drifting("ar")], FakeConv(), 4, rounds=3)
-    assert record["rounds"] == 3 and record["rounds_agree"] is True
+    fresh = []
+    (record,) = execute(QUESTIONS[:1], [Drifting("ar")], FakeConv(), 4, rounds=3, fresh=lambda: fresh.append(1))
+    assert fresh == [1, 1] and record["rounds"] == 3 and record["rounds_agree"] is True and "round" not in record
     assert [t["wall_s"] for t in record["turns"]] == [1.0, 1.0]
     assert record["turns"][0]["round_wall_s"] == [4.0, 1.0, 2.0]
+
+    log = []
+    first = execute(QUESTIONS[1:2], [FakeRunner("ar", log=log)], FakeConv(), 4, rounds=1)[0]
+    done = {(json.dumps(2), "ar", 0): {**first, "round": 0}}
+    (again,) = execute(QUESTIONS[1:2], [FakeRunner("ar", log=log)], FakeConv(), 4, done=done, rounds=2,
+                       fresh=lambda: fresh.append(2))
+    assert log == ["ar", "ar"] and fresh[-1] == 2 and again["rounds"] == 2
 
 
 def test_repeats_never_mix_rounds_that_disagree():
     calls = []
 
-    class Flaky(FakeRunner):  # the second round answers differently
+    class Flaky(FakeRunner):  # the second pass answers differently
         def run(self, ids, max_new_tokens):
             calls.append(ids)
             turn = super().run(ids, max_new_tokens)
@@ -259,7 +268,7 @@ def test_runs_are_appended_and_resumed(tmp_path):
                             done, fingerprints)
     assert log == ["ar", "x"] and len(records) == 6  # only question 3 ran
     assert len(read_runs(runs, fingerprints)) == 6
-    assert read_runs(runs, {"ar": "f1", "x": "changed"}).keys() == {(json.dumps(q), "ar") for q in (1, 2, 3)}
+    assert read_runs(runs, {"ar": "f1", "x": "changed"}).keys() == {(json.dumps(q), "ar", 0) for q in (1, 2, 3)}
     assert first[0]["fingerprint"] == "f1"
 
 

@@ -58,7 +58,7 @@ def test_cli_bench_end_to_end_on_a_tiny_model(tiny_dir, tmp_path, capsys, monkey
                                     "--no-plots"], capsys)
     assert code == 0 and "10 of 10 runs already done" in stderr, stderr
     command = json.loads((out / "results.json").read_text())["config"]["command"]
-    assert command.endswith("--resume --no-warmup --no-plots") and "--draft " in command
+    assert command.endswith("--resume --repeats 1 --no-warmup --no-plots") and "--draft " in command
 
     # --report-only rewrites the outputs from runs.jsonl, for the methods asked, running nothing
     (out / "results.json").unlink()
@@ -77,8 +77,9 @@ def test_cli_bench_end_to_end_on_a_tiny_model(tiny_dir, tmp_path, capsys, monkey
 
 
 def test_cli_bench_repeats_report_the_fastest_round_of_agreeing_runs(tiny_dir, tmp_path, capsys, monkeypatch):
-    """--repeats 2: every method twice per question, the same tokens both times (engine and transformers alike),
-    one record each; a one-round run's records are not resumed into it."""
+    """--repeats 2: two passes over the questions from freshly built methods, the same tokens and (the methods
+    rebuilt, so Token Recycling's table does not remember the first pass's answers) the same tau both times; one
+    record each; a one-round run's records are not resumed into it."""
     monkeypatch.setenv("GRAFT_HOME", str(tmp_path / "home"))
     out = tmp_path / "out"
     common = ["bench", "--model", str(tiny_dir), "--dataset", str(_dataset(tmp_path)), "--limit", "1",
@@ -88,13 +89,20 @@ def test_cli_bench_repeats_report_the_fastest_round_of_agreeing_runs(tiny_dir, t
     code, stdout, stderr = run_cli([*common, "--repeats", "2", "--resume"], capsys)
     assert code == 0 and "resuming" not in stderr and "different tokens" not in stderr, stderr
     results = json.loads((out / "results.json").read_text())
-    assert results["config"]["repeats"] == 2 and "2 rounds" in results["config"]["interleaving"]
+    assert results["config"]["repeats"] == 2 and "2 passes" in results["config"]["interleaving"]
     assert results["rounds_disagree"] == [] and results["lossless"]["ok"]
     assert len(results["prompts"]) == 8
     for record in results["prompts"]:
         assert record["rounds"] == 2 and record["rounds_agree"] is True
         for turn in record["turns"]:
             assert len(turn["round_wall_s"]) == 2 and turn["wall_s"] == min(turn["round_wall_s"])
+    lines = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
+    assert sum("round" not in x for x in lines) == 8  # the one-pass run's, kept in the file, not resumed
+    lines = [x for x in lines if "round" in x]
+    assert sorted(x["round"] for x in lines) == [0] * 8 + [1] * 8
+    for first in (x for x in lines if x["round"] == 0):
+        (second,) = [x for x in lines if x["round"] == 1 and (x["question_id"], x["method"]) == (first["question_id"], first["method"])]
+        assert [t["accept_lengths"] for t in second["turns"]] == [t["accept_lengths"] for t in first["turns"]]
 
 
 def test_cli_bench_budgets_with_auto(tiny_dir, tmp_path, capsys, monkeypatch):
@@ -192,6 +200,7 @@ def test_cli_bench_rejects_bad_options(tmp_path, capsys):
         (["bench", "--dataset", str(tmp_path / "none.jsonl")], "dataset not found"),
         (["bench", "--shard", "2/2"], "--shard expects K/N"),
         (["bench", "--shard", "x"], "--shard expects K/N"),
+        (["bench", "--repeats", "2", "--retriever-opt", "adjacency_file=t.safetensors"], "carry one pass"),
     ]:
         code, _, stderr = run_cli(argv, capsys)
         assert code == 2 and message in stderr, stderr

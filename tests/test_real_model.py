@@ -78,7 +78,8 @@ def bf16_report(target: str, configs: dict, prompts: list[str], n: int) -> dict:
     stop = stop_ids(loaded)
     with shared_models(loaded):
         runners = [EngineRunner(name, MarginTarget(loaded.model) if name == "ar" else Target(loaded.model),
-                                      methods.build(config, loaded), stop, "cpu") for name, config in configs.items()]
+                                      lambda c=config: methods.build(c, loaded), stop, "cpu")
+                   for name, config in configs.items()]
     runners.append(PeerRunner("hf", loaded.model, stop, "cpu"))
     questions = [Question(i, "real", [p]) for i, p in enumerate(prompts)]
     records = execute(questions, runners, Conversation(loaded.tokenizer, stop), n)

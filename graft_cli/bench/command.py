@@ -14,7 +14,8 @@ from typing import Any
 
 from graft_cli import token_ranking
 from graft_cli.bench.datasets import REPO_ROOT, categories_of, load_questions, resolve_dataset
-from graft_cli.bench.execution import Conversation, check_reach, execute, read_runs, record_key, runs_files, warm_up
+from graft_cli.bench.execution import (Conversation, by_question, check_reach, execute, read_runs, record_key, runs_files,
+                                      warm_up)
 from graft_cli.bench.plan import MethodSpec, Variant, expand_methods, fingerprint, method_config, plan_methods, uses_draft
 from graft_cli.bench.results import (RESULTS_SCHEMA, environment, lean_record, lossless_line, per_question_seconds,
                                      summarize, table, write_answers, write_results)
@@ -83,6 +84,9 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     started = time.time()
     if opts.report_only and not any(p.is_file() for p in runs_files(Path(opts.out))):  # before the dataset: not needed
         raise GraftError(f"--report-only: no {runs_files(Path(opts.out))[0]} to report from")
+    if opts.repeats > 1 and opts.options.get("adjacency_file"):
+        raise GraftError("--repeats rebuilds every method before each pass; a Token Recycling table kept in "
+                         "adjacency_file would carry one pass's answers into the next: drop one of them")
     path = resolve_dataset(opts.dataset)
     questions = load_questions(path, opts.categories, opts.limit)
     categories = categories_of(questions)
@@ -156,20 +160,21 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         for p in [runs_path] if opts.shard else every_run:
             p.unlink(missing_ok=True)
     wanted = {json.dumps(q.question_id) for q in questions}
-    done = {k: r for k, r in done.items() if k[0] in wanted}
+    done = {k: r for k, r in done.items() if k[0] in wanted and k[2] < opts.repeats}
     old = {r.get("commit") for r in done.values()} - {commit}
+    total = len(questions) * len(runners) * opts.repeats
     if done:
-        err.print(f"graft bench: resuming: {len(done)} of {len(questions) * len(runners)} runs already done")
+        err.print(f"graft bench: resuming: {len(done)} of {total} runs already done")
         if old:
             err.print(f"graft: warning: resumed runs come from other code versions ({', '.join(map(str, old))})")
-    todo = [r for r in runners if any((json.dumps(q.question_id), r.name) not in done for q in questions)]
+    todo = [r for r in runners
+            if any((json.dumps(q.question_id), r.name, k) not in done for q in questions for k in range(opts.repeats))]
     if opts.report_only:
         todo = []
     if opts.warmup and todo:
         err.print(f"graft bench: warming up {len(todo)} methods")
         warm_up(todo, conv)
 
-    total = len(questions) * len(runners)
     failed: dict[str, str] = {}
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TimeRemainingColumn(), console=err, transient=False)
@@ -187,19 +192,28 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         )
         progress.advance(task)
 
+    def fresh() -> None:
+        """A --repeats round starts where the run started: every method rebuilt, then warmed up again."""
+        with shared_models(loaded, draft_loaded):
+            for runner in runners:
+                runner.reset()
+        if opts.warmup:
+            warm_up(runners, conv)
+
     t_run = perf_counter()
     interrupted = None
     with progress:
         task = progress.add_task("bench", total=total, completed=len(done))
         try:
             if opts.report_only:
-                records = [r for r in done.values() if r["method"] in names]
+                records = [r for r in by_question(done, opts.repeats) if r["method"] in names]
             else:
                 records = execute(questions, runners, conv, opts.max_new_tokens, runs_path, done, fingerprints,
-                                  on_record, {"commit": commit}, failed, opts.repeats)
+                                  on_record, {"commit": commit}, failed, opts.repeats, fresh)
         except KeyboardInterrupt as e:
             interrupted = e
-            records = [r for k, r in read_runs(every_run, fingerprints).items() if k[0] in wanted and k[1] in names]
+            records = [r for r in by_question(read_runs(every_run, fingerprints), opts.repeats)
+                       if record_key(r)[0] in wanted and r["method"] in names]
         finally:
             for runner in runners:  # retrievers that keep state on disk (when asked to) save it
                 runner.close()
@@ -237,8 +251,9 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         "sampling": "greedy",
         "warmup": opts.warmup,
         "interleaving": "question by question, method order rotating by one per question"
-                        + (f"; {opts.repeats} rounds, rotating by one and reversed every other round, each turn "
-                           "from its fastest round" if opts.repeats > 1 else ""),
+                        + (f"; {opts.repeats} passes over the questions, each from freshly built methods, the order "
+                           "rotating by one more and reversed every other pass; each turn from its fastest pass"
+                           if opts.repeats > 1 else ""),
         "repeats": opts.repeats,
         "commit": commit,
         **env,
@@ -262,7 +277,7 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         "rounds_disagree": disagree,
         "timing": timing,
         "prompts": [lean_record(r) for r in records],
-        "complete": interrupted is None and not failed and len(records) == total,
+        "complete": interrupted is None and not failed and len(records) * opts.repeats == total,
         "report_only": opts.report_only,
     }
     if opts.shard:  # the merged outputs come from --report-only once every shard has finished

@@ -72,23 +72,22 @@ def run_question(runner: Runner, question: Question, conv: Conversation, max_new
 
 
 def interleave(questions: Sequence[Question], runners: Sequence[Runner],
-               rounds: int = 1) -> Iterable[tuple[Question, Runner, bool]]:
-    """Question by question, every method ``rounds`` times, with whether it is that method's last round of the
-    question. The methods' order rotates by one from a question to the next and from a round to the next, and
-    every other round runs backwards: a slow spell of a shared machine then hits every method alike."""
+               round_: int = 0) -> Iterable[tuple[Question, Runner]]:
+    """Question by question, every method. The methods' order rotates by one from a question to the next and
+    from a ``--repeats`` round to the next, and every other round runs backwards: a slow spell of a shared
+    machine then hits every method alike."""
     n = len(runners)
     for i, q in enumerate(questions):
-        for r in range(rounds):
-            order = [runners[(i + r + j) % n] for j in range(n)]
-            for runner in order if r % 2 == 0 else order[::-1]:
-                yield q, runner, r == rounds - 1
+        order = [runners[(i + round_ + j) % n] for j in range(n)]
+        for runner in order if round_ % 2 == 0 else order[::-1]:
+            yield q, runner
 
 
 def fastest(rounds: Sequence[dict]) -> dict:
     """One record from a question's rounds of one method: each turn's figures from the round that ran it
     fastest (other work on a shared machine only ever adds time, as the latency profile assumes), with every
     round's wall time beside them. Rounds whose tokens differ are not mixed: the first round is kept whole and
-    ``rounds_agree`` says so (a deterministic method always agrees)."""
+    ``rounds_agree`` says so (a lossless method always agrees)."""
     first = rounds[0]
     if len(rounds) == 1:
         return first
@@ -98,11 +97,29 @@ def fastest(rounds: Sequence[dict]) -> dict:
         ran = [r["turns"][i] for r in rounds] if agree else [turn]
         turns.append({**min(ran, key=lambda t: t["wall_s"]),
                       "round_wall_s": [r["turns"][i]["wall_s"] for r in rounds if i < len(r["turns"])]})
-    return {**first, "turns": turns, "rounds": len(rounds), "rounds_agree": agree}
+    merged = {k: v for k, v in first.items() if k != "round"}
+    return {**merged, "turns": turns, "rounds": len(rounds), "rounds_agree": agree}
+
+
+Key = tuple[str, str, int]  # (question id as JSON, method, round)
 
 
 def record_key(record: dict) -> tuple[str, str]:
     return json.dumps(record["question_id"]), record["method"]
+
+
+def run_key(record: dict) -> Key:
+    """A runs-file line's key: a record of a one-round run is its round 0."""
+    return (*record_key(record), int(record.get("round", 0)))
+
+
+def by_question(runs: dict[Key, dict], rounds: int = 1) -> list[dict]:
+    """One record per (question, method) whose every round finished: :func:`fastest` of them."""
+    grouped: dict[tuple[str, str], list[dict]] = {}
+    for (qid, method, r), record in sorted(runs.items(), key=lambda kv: kv[0][2]):
+        if r < rounds:
+            grouped.setdefault((qid, method), []).append(record)
+    return [fastest(recs) for recs in grouped.values() if len(recs) == rounds]
 
 
 def runs_files(out_dir: Path, shard: tuple[int, int] | None = None) -> list[Path]:
@@ -113,10 +130,10 @@ def runs_files(out_dir: Path, shard: tuple[int, int] | None = None) -> list[Path
     return [out_dir / "runs.jsonl"] + sorted(out_dir.glob("runs.*-of-*.jsonl"))
 
 
-def read_runs(paths: Path | Sequence[Path], fingerprints: dict[str, str]) -> dict[tuple[str, str], dict]:
-    """Records of earlier runs whose method fingerprint still matches (what --resume keeps); a later line or file
-    replaces an earlier record of the same (question, method)."""
-    done: dict[tuple[str, str], dict] = {}
+def read_runs(paths: Path | Sequence[Path], fingerprints: dict[str, str]) -> dict[Key, dict]:
+    """Records of earlier runs whose method fingerprint still matches (what --resume keeps), one per (question,
+    method, round); a later line or file replaces an earlier record of the same key."""
+    done: dict[Key, dict] = {}
     for path in [paths] if isinstance(paths, Path) else paths:
         lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
         for line in lines:
@@ -125,7 +142,7 @@ def read_runs(paths: Path | Sequence[Path], fingerprints: dict[str, str]) -> dic
             except json.JSONDecodeError:
                 continue  # a line cut short by an interruption
             if isinstance(record, dict) and fingerprints.get(record.get("method")) == record.get("fingerprint"):
-                done[record_key(record)] = record
+                done[run_key(record)] = record
     return done
 
 
@@ -135,15 +152,18 @@ def execute(
     conv: Conversation,
     max_new_tokens: int,
     runs_path: Path | None = None,
-    done: dict | None = None,
+    done: dict[Key, dict] | None = None,
     fingerprints: dict[str, str] | None = None,
     on_record: Callable[[dict], None] | None = None,
     stamp: dict | None = None,
     failed: dict[str, str] | None = None,
     rounds: int = 1,
+    fresh: Callable[[], None] | None = None,
 ) -> list[dict]:
-    """Run what is not ``done`` yet, interleaved, ``rounds`` times (:func:`fastest` makes one record of them);
-    append each record to ``runs_path`` as soon as its last round finishes.
+    """Run what is not ``done`` yet, interleaved, in ``rounds`` passes over the questions; append each record
+    to ``runs_path`` as soon as it finishes. Before every pass after the first, ``fresh()`` puts the methods
+    back where the run started (a method that learns, Token Recycling's table or a cost model, would otherwise
+    answer a question it has already seen). Returns one record per (question, method): :func:`by_question`.
 
     A method that raises is dropped from the rest of the run (its error goes into ``failed``) and the others go
     on; its finished questions stay in ``runs_path`` for a later ``--resume``."""
@@ -158,36 +178,38 @@ def execute(
         if out.tell() and not runs_path.read_bytes().endswith(b"\n"):  # a line cut short by an interruption
             out.write("\n")
     try:
-        ran: dict[tuple[str, str], list[dict]] = {}  # this question's rounds so far, per method
-        for question, runner, last in interleave(questions, runners, rounds):
-            key = (json.dumps(question.question_id), runner.name)
-            if key in done or runner.name in failed:
-                continue
-            try:
-                ran.setdefault(key, []).append(run_question(runner, question, conv, max_new_tokens))
-            except Exception as e:  # noqa: BLE001 - one broken method must not lose hours of the others' runs
-                where = traceback.extract_tb(e.__traceback__)[-1]
-                failed[runner.name] = (f"question {question.question_id}: {type(e).__name__}: {e} "
-                                       f"({Path(where.filename).name}:{where.lineno})")
-                continue
-            if not last:
-                continue
-            record = fastest(ran.pop(key))
-            if fingerprints:
-                record["fingerprint"] = fingerprints.get(runner.name)
-            record.update(stamp or {}, tstamp=round(time.time(), 3))
-            done[key] = record
-            if out:
-                out.write(json.dumps(record, ensure_ascii=False) + "\n")
-                out.flush()
-            if on_record:
-                on_record(record)
+        for round_ in range(rounds):
+            todo = [(q, r) for q, r in interleave(questions, runners, round_)
+                    if (json.dumps(q.question_id), r.name, round_) not in done]
+            if round_ and todo and fresh is not None:
+                fresh()
+            for question, runner in todo:
+                if runner.name in failed:
+                    continue
+                try:
+                    record = run_question(runner, question, conv, max_new_tokens)
+                except Exception as e:  # noqa: BLE001 - one broken method must not lose hours of the others' runs
+                    where = traceback.extract_tb(e.__traceback__)[-1]
+                    failed[runner.name] = (f"question {question.question_id}: {type(e).__name__}: {e} "
+                                           f"({Path(where.filename).name}:{where.lineno})")
+                    continue
+                if fingerprints:
+                    record["fingerprint"] = fingerprints.get(runner.name)
+                if rounds > 1:
+                    record["round"] = round_
+                record.update(stamp or {}, tstamp=round(time.time(), 3))
+                done[run_key(record)] = record
+                if out:
+                    out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    out.flush()
+                if on_record:
+                    on_record(record)
     finally:
         if out:
             out.close()
     wanted = {json.dumps(q.question_id) for q in questions}
     names = {r.name for r in runners} - set(failed)
-    return [r for k, r in done.items() if k[0] in wanted and k[1] in names]
+    return [r for r in by_question(done, rounds) if record_key(r)[0] in wanted and r["method"] in names]
 
 
 def warm_up(runners: Sequence[Runner], conv: Conversation) -> None:

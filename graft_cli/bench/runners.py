@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from graft_cli.bench.plan import method_config
 from graft_cli.errors import GraftError
@@ -38,6 +38,9 @@ class Runner(Protocol):
     name: str
 
     def run(self, ids: list[int], max_new_tokens: int) -> Turn: ...
+
+    def reset(self) -> None:
+        """Forget what the method learnt in this run (a ``--repeats`` pass starts where the run started)."""
 
     def close(self) -> None:
         """After the last run: the method's parts save what they keep on disk."""
@@ -97,8 +100,9 @@ class EngineRunner:
     """An engine method: ``decode`` with the method's proposer, reused across prompts (its retrievers and
     calibration stay warm, as in a ``graft generate --jsonl`` session)."""
 
-    def __init__(self, name: str, target, proposer, stop: set[int], device: str) -> None:
-        self.name, self.target, self.proposer, self.stop, self.device = name, target, proposer, stop, device
+    def __init__(self, name: str, target, build: Callable[[], Any], stop: set[int], device: str) -> None:
+        self.name, self.target, self.build, self.stop, self.device = name, target, build, stop, device
+        self.proposer = build()
 
     def run(self, ids: list[int], max_new_tokens: int) -> Turn:
         from graft_cli.engine import decode
@@ -123,6 +127,11 @@ class EngineRunner:
             self.target.margins() if isinstance(self.target, MarginTarget) else None, *(first if tokens else (None, 0)),
         )
 
+
+    def reset(self) -> None:
+        """A new proposer: retrievers, calibration and cost model as they were before the first question."""
+        self.proposer.close()
+        self.proposer = self.build()
 
     def close(self) -> None:
         self.proposer.close()
@@ -154,6 +163,8 @@ class PeerRunner:
     def __init__(self, name: str, model, stop: set[int], device: str, **kwargs) -> None:
         self.name, self.model, self.stop, self.device, self.kwargs = name, model, stop, device, kwargs
         self.pad = sorted(stop)[0] if stop else 0
+        assistant = kwargs.get("assistant_model")
+        self._lookahead = assistant.generation_config.num_assistant_tokens if assistant is not None else None
 
     def run(self, ids: list[int], max_new_tokens: int) -> Turn:
         import torch
@@ -191,8 +202,14 @@ class PeerRunner:
         return Turn(tokens, wall, lengths, len(lengths), peak_mem_mb=mem.peak, first_token_s=first[0],
                     first_tokens=first[1])
 
+    def reset(self) -> None:
+        """Assisted generation's heuristic schedule carries the assistant's lookahead from one generate() to the
+        next (in its generation config): put it back."""
+        if self._lookahead is not None:
+            self.kwargs["assistant_model"].generation_config.num_assistant_tokens = self._lookahead
+
     def close(self) -> None:
-        """generate() keeps nothing across runs."""
+        """generate() keeps nothing else across runs."""
 
 
 def build_runners(specs, loaded, draft_loaded, options, explicit: bool, warn: Callable[[str], None],
@@ -219,16 +236,16 @@ def build_runners(specs, loaded, draft_loaded, options, explicit: bool, warn: Ca
             runners.append(PeerRunner(spec.name, loaded.model, stop, device, **kwargs))
         else:
             config = method_config(spec, options, draft_spec, method_opts)  # --draft as given: KIND:SPEC
+            # plain decoding records its margins: what tells a floating-point tie from a real difference
+            runner_target = MarginTarget(loaded.model) if spec.method == "ar" else target
             try:
-                proposer = methods.build(config, loaded)
+                runner = EngineRunner(spec.name, runner_target, lambda c=config: methods.build(c, loaded), stop, device)
             except GraftError as e:
                 if explicit or spec.method == "ar":
                     raise GraftError(f"method {spec.name}: {e}") from e
                 warn(f"skipping {spec.name}: {e}")
                 continue
-            # plain decoding records its margins: what tells a floating-point tie from a real difference
-            runner_target = MarginTarget(loaded.model) if spec.method == "ar" else target
-            runners.append(EngineRunner(spec.name, runner_target, proposer, stop, device))
+            runners.append(runner)
         kept.append(spec)
     return runners, kept
 

@@ -37,7 +37,7 @@ def bench(
     shard: Optional[str] = typer.Option(None, "--shard", help="K/N: run only questions K, K+N, K+2N, ... (from 0), writing OUT/runs.K-of-N.jsonl; run the N shards side by side (one per core or GPU), then --report-only merges them."),
     resume: bool = typer.Option(False, "--resume", help="Keep the finished runs in OUT/runs.jsonl that match this configuration; run the rest."),
     report_only: bool = typer.Option(False, "--report-only", help="Run nothing: write the table, results.json, answers and plots from OUT/runs.jsonl (the runs matching this configuration)."),
-    repeats: int = typer.Option(1, "--repeats", min=1, help="Run every question N rounds, the methods' order rotating each round; each turn's figures come from its fastest round (a shared machine only ever adds time). The rounds must give the same tokens."),
+    repeats: int = typer.Option(1, "--repeats", min=1, help="N passes over the questions, every method rebuilt before each (nothing it learnt carries over), the order rotating each pass; each turn's figures come from its fastest pass (a shared machine only ever adds time). The passes must give the same tokens."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One short untimed generation per method first."),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write the PNG plots."),
 ) -> None:

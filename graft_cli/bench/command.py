@@ -47,7 +47,7 @@ class BenchOptions:
     command: str = ""
     device_map: str | dict | None = None  # accelerate's placement of a model larger than one GPU (--device-map)
     truncate: str | None = None  # left or right: cut prompts that would reach past the model's limits
-    repeats: int = 1  # rounds of every (question, method); each turn reported from its fastest round
+    repeats: int = 1  # passes over the questions from freshly built methods; each turn from its fastest pass
 
 
 def _git_commit() -> str | None:

@@ -1,4 +1,4 @@
-"""Running the questions: turn by turn, the methods interleaved question by question (``--repeats``: in rounds),
+"""Running the questions: turn by turn, the methods interleaved question by question (``--repeats``: in passes),
 each finished (question, method) appended to a runs file at once so that an interrupted run resumes
 (``--resume``) and shards merge (``--report-only``)."""
 

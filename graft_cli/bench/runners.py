@@ -127,7 +127,6 @@ class EngineRunner:
             self.target.margins() if isinstance(self.target, MarginTarget) else None, *(first if tokens else (None, 0)),
         )
 
-
     def reset(self) -> None:
         """A new proposer: retrievers, calibration and cost model as they were before the first question."""
         self.proposer.close()

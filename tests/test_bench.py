@@ -246,6 +246,35 @@ def test_decoding_alone_leaves_out_the_time_to_the_first_token():
     assert plain["overall"]["ar"]["decode_tokens_per_s"] is None
 
 
+def test_repeats_report_each_pass_on_its_own():
+    """With --repeats every pass's speed-up over ar is its own (the methods of a pass ran side by side), beside
+    the median and range that the third table shows; a single pass has none."""
+    from rich.console import Console
+
+    class Passes(FakeRunner):  # the machine slows every method alike in pass 2
+        def __init__(self, name, speed):
+            super().__init__(name, speed=speed)
+            self.calls = 0
+
+        def run(self, ids, max_new_tokens):
+            self.calls += 1
+            turn = super().run(ids, max_new_tokens)
+            turn.wall *= 2.0 if 5 <= self.calls <= 8 else 1.0  # 4 turns a pass
+            return turn
+
+    runners = [Passes("ar", 10.0), Passes("fast", 25.0)]
+    records = execute(QUESTIONS, runners, FakeConv(), 4, rounds=3)
+    overall = summarize(records, ["ar", "fast"], ["a", "b"])["overall"]
+    assert overall["ar"]["pass_tokens_per_s"] == [10.0, 5.0, 10.0]
+    assert overall["fast"]["pass_speedups"] == [2.5, 2.5, 2.5] and overall["fast"]["pass_speedup_median"] == 2.5
+    console = Console(width=120, record=True)
+    console.print(table(summarize(records, ["ar", "fast"], ["a", "b"]), ["ar", "fast"], "t", passes=True))
+    text = console.export_text()
+    assert "2.50x [2.50-2.50]" in text and "10.00 tok/s" in text and "[lowest-highest]" in text
+    single = summarize(execute(QUESTIONS, [FakeRunner("ar")], FakeConv(), 4), ["ar"], ["a"])
+    assert "pass_tokens_per_s" not in single["overall"]["ar"]
+
+
 def test_summary_groups_mt_bench_like_spec_bench():
     qs = [Question(1, "writing", ["a"]), Question(2, "coding", ["b"]), Question(3, "qa", ["c"])]
     records = execute(qs, [FakeRunner("ar")], FakeConv(), 2)

@@ -294,6 +294,8 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     console.print(table(summary, names, title))
     if summary.get("overall", {}).get("ar", {}).get("decode_tokens_per_s"):  # the prefill excluded
         console.print(table(summary, names, f"decoding alone (after the first tokens): {title}", decoding=True))
+    if summary.get("overall", {}).get("ar", {}).get("pass_tokens_per_s"):  # --repeats: the passes one by one
+        console.print(table(summary, names, f"each pass on its own ({opts.repeats} passes): {title}", passes=True))
     console.print(lossless_line(lossless), highlight=False)
     if opts.shard:
         err.print(f"graft bench: shard {opts.shard[0]}/{opts.shard[1]} in {out_dir}/{runs_path.name}; once every "

@@ -11,6 +11,7 @@ import re
 import time
 from collections import Counter
 from pathlib import Path
+from statistics import median
 from typing import Sequence
 
 from graft_cli.bench.datasets import MT_BENCH, Question
@@ -77,7 +78,25 @@ def _aggregate(records: Sequence[dict]) -> dict:
     if budgets:
         n = sum(s for _, s in budgets)
         out["budget_mean"] = round(sum(b * s for b, s in budgets) / n, 2) if n else None
+    passes = _pass_speeds(records)
+    if passes is not None:
+        out["pass_tokens_per_s"] = passes
     return out
+
+
+def _pass_speeds(records: Sequence[dict]) -> list[float] | None:
+    """With ``--repeats``: the mean tokens/s of every pass on its own (each question's turns at that pass's wall
+    times), or None when a record has a single pass or passes that produced different tokens."""
+    import numpy as np
+
+    if not records or any(r.get("rounds_agree") is not True for r in records):
+        return None
+    passes = min(len(t.get("round_wall_s", ())) for r in records for t in r["turns"])
+    if passes < 2:
+        return None
+    speeds = [[sum(t["new_tokens"] for t in r["turns"]) / max(sum(t["round_wall_s"][k] for t in r["turns"]), 1e-9)
+               for r in records] for k in range(passes)]
+    return [round(float(np.mean(pass_)), 3) for pass_ in speeds]
 
 
 def summarize(records: Sequence[dict], methods: Sequence[str], categories: Sequence[str]) -> dict:
@@ -104,6 +123,13 @@ def summarize(records: Sequence[dict], methods: Sequence[str], categories: Seque
             for name in methods:
                 mine = row[name][speed]
                 row[name][ratio] = round(mine / base, 3) if base and mine is not None else None
+        base_passes = row.get("ar", {}).get("pass_tokens_per_s")
+        for name in methods:  # each pass's methods ran side by side: their ratios are paired, pass by pass
+            mine = row[name].get("pass_tokens_per_s")
+            if base_passes and mine and len(mine) == len(base_passes):
+                ratios = [m / b if b else 0.0 for m, b in zip(mine, base_passes)]
+                row[name]["pass_speedups"] = [round(x, 3) for x in ratios]
+                row[name]["pass_speedup_median"] = round(median(ratios), 3)
         out[group] = row
     return out
 
@@ -175,15 +201,20 @@ def _cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-def table(summary: dict, methods: Sequence[str], title: str, decoding: bool = False):
+def table(summary: dict, methods: Sequence[str], title: str, decoding: bool = False, passes: bool = False):
     """Rich table: categories x methods, each cell the speedup over ar and tau (ar's cell: its tokens/s).
-    ``decoding``: the speeds after the first tokens (the prefill excluded), so the decoding speed-up shows alone."""
+    ``decoding``: the speeds after the first tokens (the prefill excluded), so the decoding speed-up shows alone;
+    ``passes`` (``--repeats``): each pass's speedup on its own, their median and range."""
     from rich.table import Table
 
     speed, ratio = ("decode_tokens_per_s", "decode_speedup") if decoding else ("tokens_per_s", "speedup")
     what = "decoding alone, after the first tokens: " if decoding else ""
-    t = Table(title=title, caption=f"cell: {what}speedup over ar (Spec-Bench: mean tok/s ratio) and τ (tokens per "
-              "target forward); ar: its mean tok/s", caption_justify="left")
+    caption = (f"cell: {what}speedup over ar (Spec-Bench: mean tok/s ratio) and τ (tokens per target forward); ar: "
+               "its mean tok/s")
+    if passes:
+        caption = ("cell: the speedup over ar of each pass on its own (its methods ran side by side), the median "
+                   "of the passes \\[lowest-highest]; ar: its median tok/s")  # rich markup: \\[ prints a bracket
+    t = Table(title=title, caption=caption, caption_justify="left")
     t.add_column("category")
     for name in methods:
         t.add_column(name, justify="right")
@@ -191,7 +222,9 @@ def table(summary: dict, methods: Sequence[str], title: str, decoding: bool = Fa
         cells = []
         for name in methods:
             m = row[name]
-            if name == "ar":
+            if passes:
+                cells.append(_pass_cell(m, name == "ar"))
+            elif name == "ar":
                 cells.append(f"{m[speed]:.2f} tok/s" if m[speed] is not None else "-")
             else:
                 sp = f"{m[ratio]:.2f}x" if m[ratio] is not None else "-"
@@ -199,6 +232,16 @@ def table(summary: dict, methods: Sequence[str], title: str, decoding: bool = Fa
         t.add_row(group, *cells, end_section=group == list(summary)[-2] if len(summary) > 1 else False,
                   style="bold" if group == "overall" else None)
     return t
+
+
+def _pass_cell(figures: dict, is_base: bool) -> str:
+    if is_base:
+        speeds = figures.get("pass_tokens_per_s")
+        return f"{median(speeds):.2f} tok/s" if speeds else "-"
+    ratios = figures.get("pass_speedups")
+    if not ratios:
+        return "-"
+    return f"{figures['pass_speedup_median']:.2f}x \\[{min(ratios):.2f}-{max(ratios):.2f}]"
 
 
 def lossless_line(lossless: dict) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import sys
+from bisect import bisect_right
 from collections import Counter, defaultdict
 from pathlib import Path
 from statistics import median
@@ -73,14 +74,14 @@ def merit(reference: str, traces: list[str]) -> None:
     by_size = defaultdict(list)
     for step in read(reference):
         by_size[step["nodes"]].append(step["step_s"])
-    sizes = sorted(by_size)
-    costs, floor = {}, 0.0
+    sizes, costs, floor = sorted(by_size), [], 0.0
     for n in sizes:  # a larger tree never costs less
-        floor = costs[n] = max(floor, median(by_size[n]))
+        floor = max(floor, median(by_size[n]))
+        costs.append(floor)
 
     def cost(n: int) -> float:
-        below = [s for s in sizes if s <= n]
-        return costs[below[-1]] if below else costs[sizes[0]]
+        """The cost of the largest measured size not above ``n`` (the smallest, below them all)."""
+        return costs[max(bisect_right(sizes, n) - 1, 0)]
 
     for path in traces:
         steps = read(path)

@@ -94,9 +94,14 @@ def _pass_speeds(records: Sequence[dict]) -> list[float] | None:
     passes = min(len(t.get("round_wall_s", ())) for r in records for t in r["turns"])
     if passes < 2:
         return None
-    speeds = [[sum(t["new_tokens"] for t in r["turns"]) / max(sum(t["round_wall_s"][k] for t in r["turns"]), 1e-9)
-               for r in records] for k in range(passes)]
-    return [round(float(np.mean(pass_)), 3) for pass_ in speeds]
+    out = []
+    for k in range(passes):
+        speeds = []
+        for r in records:  # as the fastest-pass figure: a question's tokens over its turns' wall time
+            wall = sum(t["round_wall_s"][k] for t in r["turns"])
+            speeds.append(sum(t["new_tokens"] for t in r["turns"]) / wall if wall else 0.0)
+        out.append(round(float(np.mean(speeds)), 3))
+    return out
 
 
 def summarize(records: Sequence[dict], methods: Sequence[str], categories: Sequence[str]) -> dict:

@@ -30,6 +30,7 @@ def generate(
     chain: bool = typer.Option(False, "--chain", help="Draft a single chain; with graft: Graft(TAIL), retrieved tokens fill the tail."),
     draft_vocab: Optional[int] = typer.Option(None, "--draft-vocab", min=0, help="A draft model scores only N tokens: the most frequent by `graft models vocab` (else the lowest ids), the special ones and the prompt's (default: the ranked tokens covering 99.99% of the corpus on a CPU, all on a GPU or without a ranking; 0: all)."),
     draft_window: Optional[int] = typer.Option(None, "--draft-window", help="A draft model reads at most the first 4 and last N-4 prompt tokens (default: 2048 on CPU, the whole prompt on CUDA; 0: the whole prompt). Retrieval reads all of it."),
+    draft_weights: Optional[str] = typer.Option(None, "--draft-weights", help="A draft model's linear weights: 'fp16' (FBGEMM's fp16 kernel, fp32 arithmetic: a CPU draft forward then reads half the bytes; the default on a CPU) or 'full' (the model's dtype; the default on CUDA). The target is never touched."),
     rope_theta: Optional[float] = typer.Option(None, "--rope-theta", help="RoPE base of an EAGLE-3 head (default: its config's, else 10000)."),
     adjacency_file: Optional[str] = typer.Option(None, "--adjacency-file", help="Keep the recycling adjacency table in FILE across runs (safetensors)."),
     retrievers: Optional[str] = typer.Option(None, "--retrievers", help="Comma-separated retriever plugins."),
@@ -76,7 +77,8 @@ def generate(
         options["adjacency_file"] = adjacency_file
     config = MethodConfig(method, parse_budget(budget), retrievers.split(",") if retrievers else None, options, draft,
                           depth=depth, draft_top_k=draft_top_k, prune_at=prune_at, chain=chain, rope_theta=rope_theta,
-                          draft_vocab=draft_vocab, draft_window=draft_window, tree=tree)
+                          draft_vocab=draft_vocab, draft_window=draft_window, draft_weights=draft_weights,
+                          tree=tree)
     methods.check(config)  # before the model loads: a wrong flag or store name should not cost seconds
     methods.check_datastore(config)
     truncate = parse_truncate(truncate)

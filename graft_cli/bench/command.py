@@ -148,6 +148,11 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
                 parts.update(method_opts=opts.method_opts)
             if ranking_sha and uses_draft(s):
                 parts.update(token_ranking=ranking_sha)
+            if draft_loaded and uses_draft(s):  # a half-weight draft is another draft; runs before it were full
+                config = method_config(s, opts.options, opts.draft, opts.method_opts)
+                weights = config.draft_weights or methods.default_draft_weights(device)
+                if weights != "full":
+                    parts.update(draft_weights=weights)
         fingerprints[s.name] = fingerprint(parts)
 
     out_dir = Path(opts.out)

@@ -44,6 +44,7 @@ from graft_cli import token_ranking
 from graft_cli.cpu_linear import CpuLinear, use_cpu_linears
 from graft_cli.drafters import TreeDrafter, positions
 from graft_cli.errors import GraftError
+from graft_cli.half_linear import HalfLinear, half_available, half_copy, to_half
 from graft_cli.prune import PruneSchedule
 from graft_cli.target import Target, on
 from plugins.base import Step
@@ -89,7 +90,9 @@ def _sliced(lm_head: torch.nn.Module, rows: torch.Tensor) -> torch.nn.Linear:
         head.weight.copy_(lm_head.weight[rows])
         if bias is not None:
             head.bias.copy_(bias[rows])
-    if isinstance(lm_head, CpuLinear):
+    if isinstance(lm_head, HalfLinear):
+        to_half(head)
+    elif isinstance(lm_head, CpuLinear):
         use_cpu_linears(head, pack=lm_head.packed is not None)
     return head.requires_grad_(False)
 
@@ -267,15 +270,23 @@ def _common(held: Sequence[int], prompt: Sequence[int]) -> int:
 
 def make(env: DrafterEnv) -> DraftModelDrafter:
     """The ``model`` drafter (``--draft NAME``, or ``model:NAME``): a catalog name or path, loaded on the target's
-    device in its dtype, refused unless it spells tokens as the target does."""
+    device in its dtype, refused unless it spells tokens as the target does; with ``--draft-weights fp16`` (a CPU's
+    default) its linears run over half-precision weights (graft_cli/half_linear.py)."""
     from graft_cli.loading import load_model  # looked up per call: graft bench shares one copy of each model
 
     target = env.target
     dtype = str(next(target.model.parameters()).dtype).replace("torch.", "")
     loaded = load_model(env.spec, target.device, dtype)
     check_vocab(target.tokenizer, loaded.tokenizer, env.spec)
+    model = loaded.model
+    if env.draft_weights == "fp16":
+        if not str(target.device).startswith("cpu") or not half_available():
+            raise GraftError("--draft-weights fp16 runs a draft model's linears on FBGEMM's fp16 CPU kernel: this run "
+                             f"is on {target.device}{'' if half_available() else ', and this torch has no FBGEMM'} "
+                             "(use --draft-weights full)")
+        model = half_copy(model)  # the loaded draft stays as it is: graft bench's hf-assisted shares it
     size = target.model.config.vocab_size
     ranking = token_ranking.load(target.tokenizer, size)
     kept = draft_vocab(target.tokenizer, size, default_vocab(env.draft_vocab, ranking, target.device), ranking)
-    return DraftModelDrafter(loaded.model, size, depth=env.depth, top_k=env.top_k, prune=env.prune, chain=env.chain,
+    return DraftModelDrafter(model, size, depth=env.depth, top_k=env.top_k, prune=env.prune, chain=env.chain,
                              vocab=kept, window=env.draft_window or 0)

@@ -44,6 +44,7 @@ class DrafterEnv:
     rope_theta: float | None = None  # --rope-theta (EAGLE-3 heads)
     draft_vocab: int | None = None  # --draft-vocab (draft models)
     draft_window: int | None = None  # --draft-window (draft models): prompt tokens the draft reads at most
+    draft_weights: str = "full"  # --draft-weights (draft models): "fp16" (linears over half weights, CPU) or "full"
 
 
 def kinds() -> list[str]:

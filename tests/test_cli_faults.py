@@ -57,6 +57,7 @@ def test_a_closed_stdout_ends_a_jsonl_run_quietly(tiny_dir, tmp_path):
     (["--datastore", "no-such-store"], "no datastore named no-such-store"),
     (["--method", "rest"], "--method rest retrieves from a datastore"),
     (["--draft", "x", "--draft-window", "10"], "--draft-window must be 0 (the whole prompt) or more than 64"),
+    (["--draft", "x", "--draft-weights", "int4"], "--draft-weights must be one of fp16, full, got 'int4'"),
 ])
 def test_method_and_datastore_are_checked_before_the_model_loads(argv, message, capsys, monkeypatch, tmp_path):
     import graft_cli.loading

@@ -216,7 +216,8 @@ def test_packed_documents_do_not_see_each_other():
     ids = torch.arange(VOCAB)
     whole = teach(target, packed, (2, 2, 2), ids)
     alone = [teach(target, one_document(d), (2, 2, 2), ids) for d in (a, b)]
-    torch.testing.assert_close(whole.features[0], torch.cat([x.features[0] for x in alone]), atol=1e-5, rtol=1e-5)
+    # 9 rows against 5 and 4: the matmuls block differently, so fp32 sums round differently (seen: 1.8e-5)
+    torch.testing.assert_close(whole.features[0], torch.cat([x.features[0] for x in alone]), atol=1e-4, rtol=1e-4)
     assert whole.argmax[0].tolist() == alone[0].argmax[0].tolist() + alone[1].argmax[0].tolist()
 
 

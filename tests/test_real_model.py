@@ -95,7 +95,7 @@ def test_bf16_every_method_matches_ar_up_to_floating_point_ties(prompts):
     so a near-tie may flip; such a flip is a tie with its margin, any other difference fails."""
     torch.set_num_threads(2)
     small = bf16_report("smollm2-135m-instruct", {"ar": methods.MethodConfig("ar"), "pld": methods.MethodConfig("pld"),
-                        "graft": methods.MethodConfig("graft")}, prompts[:2], 16)
+                        "graft": methods.MethodConfig("graft")}, prompts[:1], 24)
     assert small["ok"], small["mismatches"]
     assert small["tau"]["pld"] > 1.0
 
@@ -111,6 +111,7 @@ def test_bf16_qwen_drafters_match_ar_up_to_floating_point_ties(prompts):
     torch.set_num_threads(2)
     configs = {"ar": methods.MethodConfig("ar")}
     configs |= {m: methods.MethodConfig(m, draft=draft, depth=4) for m in ("dense", "pruned", "graft")}
-    out = bf16_report(target, configs, prompts[:2], 10)
+    # writing and math: short prompts (a summary's article takes a minute to prefill in bf16 on a 2-core CPU)
+    out = bf16_report(target, configs, prompts[2:], 10)
     assert out["ok"], out["mismatches"]
     assert out["tau"]["dense"] > 1.0

@@ -154,8 +154,8 @@ class GraftProposer:
         bucket = objective.bucket(ranked)
         tree, drafted = Tree(), objective.should_draft(bucket)
         if drafted and not self._joined:  # a drafter joins a request only when that pays for reading its prompt
-            unread = drafter.unread(context)
-            drafted = self._joined = not unread or objective.should_join(self._alone, unread, self._end - len(context))
+            unread, remaining = drafter.unread(context), self._end - len(context)
+            drafted = self._joined = not unread or objective.should_join(self._alone, unread, remaining, ranked)
         line: list[int] = []
         line_probs: list[float] = []
         if drafted:

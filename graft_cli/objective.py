@@ -4,9 +4,11 @@ A step costs its draft forwards plus one verification; it buys the expected numb
 1 (the bonus token) plus the sum of the kept nodes' scores (each node's score estimates the probability that the
 target accepts its whole path). Every choice of the tree builder is this one ratio:
 
-- **whether a drafter joins a request**: a draft model reads a request's prompt only when it first drafts. After
-  ``TRIAL`` steps of retrieval alone, it joins when finishing the request at drafting's rate instead of
-  retrieval's rate in this one saves ``JOIN_MARGIN`` times what reading the prompt costs. Drafting's rate is what
+- **whether a drafter joins a request**: a draft model reads a request's prompt only when it first drafts. It
+  joins when finishing the request at drafting's rate instead of retrieval's rate in this one saves
+  ``JOIN_MARGIN`` times what reading the prompt costs. Retrieval's rate is measured on ``TRIAL`` steps of
+  retrieval alone when the prompt costs more than a target forward to read; a shorter one is judged at once, on
+  the first step's retrieval estimate. Drafting's rate is what
   every drafted step of earlier requests reached together (tokens over costs, pooled: a rarely seen confidence
   bucket cannot speak for it). Until drafting has been measured on ``EVIDENCE`` steps it joins at once: what a
   drafter gives is learnt by drafting. A summary's article already holds most of its answer, and then the draft
@@ -44,7 +46,8 @@ WINDOW = 16  # steps whose timings the costs of a forward are the median of
 EXPLORE = 8  # a mode that loses in a bucket is still tried every this many visits (conditions change)
 MAX_LEVELS = 24  # draft forwards per step at most, unless --depth says otherwise
 BUCKETS = 8  # retrieval confidence buckets: expected accepted tokens 1, 2, ..., 8 and more
-TRIAL = 3  # steps of retrieval alone a request runs before a drafter that has not read its prompt may join
+TRIAL = 3  # steps of retrieval alone before a drafter may join a request whose prompt costs more than a target
+# forward to read
 EVIDENCE = 16  # drafted steps measured (a bench's warm-up gives a few) before drafting's own rate is trusted
 # what joining must save, in multiples of what it costs: both sides are estimated in its favour (a long prompt's
 # prefill is priced by the latency curve's last slope, while attention makes it grow faster; ``remaining`` is the
@@ -182,19 +185,29 @@ class Objective:
             return not winner
         return winner
 
-    def should_join(self, alone: tuple[int, float, int], rows: int, remaining: int) -> bool:
+    def should_join(self, alone: tuple[int, float, int], rows: int, remaining: int,
+                    retrieved: np.ndarray = np.empty(0)) -> bool:
         """Whether a drafter that has not read this request yet should read its ``rows`` tokens and draft:
         ``alone`` is this request's steps so far (accepted tokens, verification cost, steps), ``remaining`` the
-        new tokens still to come. Always while drafting has been measured on fewer than ``EVIDENCE`` steps: what
-        it gives is learnt by drafting (no prior tells a draft model that agrees with its target 97% of the time
-        on code from one that rarely does)."""
+        new tokens still to come, ``retrieved`` this step's calibrated retrieved scores. Always while drafting
+        has been measured on fewer than ``EVIDENCE`` steps: what it gives is learnt by drafting (no prior tells a
+        draft model that agrees with its target 97% of the time on code from one that rarely does).
+
+        Retrieval's rate is measured on ``TRIAL`` steps first when reading the prompt costs more than a target
+        forward (a summary's article). A prompt cheaper to read than that is judged at once, on this step's
+        retrieval estimate (plus the steps so far): a wrong join then costs less than one trial step wastes."""
         if self.drafted_steps < EVIDENCE:
             return True
         tokens, cost, steps = alone
+        reading = self.draft_cost(rows)
         if steps < TRIAL:
-            return False
+            if reading > self.verify_cost(0):
+                return False
+            plan = self.best(retrieved, 0.0)
+            here = self.verify_cost(plan.count)
+            tokens, cost = tokens + plan.rate * here, cost + here
         saved = remaining * (cost / max(tokens, 1) - 1.0 / self.drafting_rate())  # latency units, at each rate
-        return saved > JOIN_MARGIN * self.draft_cost(rows)
+        return saved > JOIN_MARGIN * reading
 
     def drafting_rate(self) -> float:
         """Accepted tokens per latency unit of the drafted steps measured so far: pooled (a rarely seen

@@ -144,7 +144,8 @@ def joining(target, draft, drafted_tokens: int) -> tuple[GraftProposer, DraftMod
 
 def test_a_draft_model_never_reads_a_request_that_retrieval_carries():
     """A new request whose prompt holds its answer never prefills a draft model that drafted slower than that;
-    where retrieval finds nothing, it joins after the trial steps. Both texts are plain decoding's."""
+    where retrieval finds nothing, it joins: within the trial steps when the prompt is cheaper to read than a
+    target forward, after them when it is not. Every text is plain decoding's."""
     target, draft = similar_draft("llama", 1)
     greedy = run(target, GraftProposer(0), list(range(40, 52)), 40)
     prompt = list(range(40, 52)) + greedy  # plain decoding's own continuation, already in the prompt
@@ -152,12 +153,14 @@ def test_a_draft_model_never_reads_a_request_that_retrieval_carries():
     proposer, drafter = joining(target, draft, drafted_tokens=2)
     assert run(target, proposer, prompt, 30) == truth
     assert not drafter.joined and not any(r["levels"] for r in proposer.trace)
-    noise = np.random.default_rng(5).integers(0, VOCAB, 24).tolist()
-    truth = run(target, GraftProposer(0), noise, 40)
-    proposer, drafter = joining(target, draft, drafted_tokens=6)
-    assert run(target, proposer, noise, 40) == truth
-    levels = [r["levels"] for r in proposer.trace]
-    assert drafter.joined and not any(levels[:TRIAL]) and any(levels)
+    for rows, trial in ((24, False), (64, True)):  # reading 24 rows: 0.79 of a target forward; 64: 2.0
+        noise = np.random.default_rng(5).integers(0, VOCAB, rows).tolist()
+        truth = run(target, GraftProposer(0), noise, 40)
+        proposer, drafter = joining(target, draft, drafted_tokens=6)
+        assert (proposer.objective.draft_cost(rows) > proposer.objective.verify_cost(0)) is trial
+        assert run(target, proposer, noise, 40) == truth
+        levels = [r["levels"] for r in proposer.trace]
+        assert drafter.joined and any(levels[:TRIAL]) is not trial, levels
     sampling = Sampling(temperature=0.8, top_k=20)  # joining mid-request changes no sampled token either
     truth = run(target, GraftProposer(0), noise, 40, sampling=sampling, seed=1)
     proposer, drafter = joining(target, draft, drafted_tokens=6)

@@ -44,6 +44,8 @@ CONFIDENCE_PRIOR = 0.8  # the drafter's conditional probability of its best chil
 MEMORY = 0.3  # weight of the newest step in a mode's running tokens and costs
 WINDOW = 16  # steps whose timings the costs of a forward are the median of
 EXPLORE = 8  # a mode that loses in a bucket is still tried every this many visits (conditions change)
+EMA_STEPS = (2 - MEMORY) / MEMORY  # the steps a running figure weighs as much as (its effective sample size)
+PRIOR_STEPS = 4.0  # the steps a mode's expected rate in a bucket weighs as much as
 MAX_LEVELS = 24  # draft forwards per step at most, unless --depth says otherwise
 BUCKETS = 8  # retrieval confidence buckets: expected accepted tokens 1, 2, ..., 8 and more
 TRIAL = 3  # steps of retrieval alone before a drafter may join a request whose prompt costs more than a target
@@ -83,6 +85,7 @@ class Objective:
     confidence: float = CONFIDENCE_PRIOR
     rates: dict = field(default_factory=dict)  # (bucket, drafted) -> running (tokens, verify cost, draft forwards)
     visits: dict = field(default_factory=dict)  # (bucket, drafted) -> steps since that mode last ran there
+    steps: dict = field(default_factory=dict)  # (bucket, drafted) -> steps that mode ran there
     drafted_steps: int = 0  # steps measured with a draft
     drafting: tuple[float, float, float] = (0.0, 0.0, 0.0)  # drafted steps pooled: tokens, verify cost, draft shape
     planned: bool = False  # choose the depth before each draft (no read per level: a GPU's queue keeps going)
@@ -238,15 +241,26 @@ class Objective:
             self.drafting = tuple(FORGET * old + new for old, new in zip(self.drafting, (tokens, verify, shape)))
         old = self.rates.get(key, (None, None, None))
         self.rates[key] = (_ema(old[0], tokens), _ema(old[1], verify), _ema(old[2], shape))
+        self.steps[key] = self.steps.get(key, 0) + 1
         self.visits[key] = 0
         self.visits[(bucket, not drafted)] = self.visits.get((bucket, not drafted), 0) + 1
 
     def rate(self, bucket: int, drafted: bool) -> float | None:
-        """Accepted tokens per latency unit that steps of this mode reached at this retrieval confidence."""
+        """Accepted tokens per latency unit that steps of this mode reached at this retrieval confidence, shrunk
+        toward what the mode is expected to reach there (``PRIOR_STEPS`` steps of it against the running
+        figure's few): drafting's pooled rate, or the bucket's own expected tokens over a one-token forward for
+        retrieval alone. Accepted lengths are heavy-tailed, so one failed draft in a bucket would otherwise shut
+        drafting out of it for ``EXPLORE`` visits (Spec-Bench coding on the Qwen pair: steps of retrieval alone
+        at 1-2 tokens, where drafting averaged 8)."""
         if (bucket, drafted) not in self.rates:
             return None
         tokens, verify, forwards = self.rates[(bucket, drafted)]
-        return tokens / (verify + forwards * self.draft_cost(1))
+        measured = tokens / (verify + forwards * self.draft_cost(1))
+        if drafted and not self.drafted_steps:
+            return measured
+        expected = self.drafting_rate() if drafted else bucket / self.verify_cost(0)
+        weight = min(self.steps[(bucket, drafted)], EMA_STEPS)
+        return (weight * measured + PRIOR_STEPS * expected) / (weight + PRIOR_STEPS)
 
     def calibrated(self, probs: np.ndarray) -> np.ndarray:
         """The draft's path probabilities as acceptance estimates."""

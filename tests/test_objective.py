@@ -98,6 +98,20 @@ def test_the_bandit_tries_both_modes_then_keeps_the_faster_but_still_looks():
     assert objective.should_draft(7)  # another confidence bucket knows nothing yet
 
 
+def test_one_failed_draft_does_not_shut_drafting_out_of_a_bucket():
+    """A bucket's rates lean on what each mode is expected to reach there: drafting's pooled rate, and the
+    bucket's expected tokens for retrieval alone; a bucket seen for long trusts what it measured."""
+    objective = Objective(FLAT)
+    for _ in range(EVIDENCE):
+        objective.measured(1, True, 8, 8, 0.1, 0.03, [1, 1, 1])  # 8 tokens for 1.33 units (forwards: 0.1)
+    objective.measured(2, False, 3, 8, 0.1, 0.0, [])  # retrieval alone, lucky: 3 tokens a unit
+    objective.measured(2, True, 1, 8, 0.1, 0.03, [1, 1, 1])  # the draft failed once there
+    assert objective.should_draft(2)
+    for _ in range(EVIDENCE):
+        objective.measured(2, True, 1, 8, 0.1, 0.03, [1, 1, 1])
+    assert not objective.should_draft(2)
+
+
 def test_a_drafter_joins_a_request_only_when_finishing_faster_pays_for_its_prompt():
     objective = Objective(FLAT)
     weaker = (TRIAL, 2.0 * TRIAL, TRIAL)  # retrieval alone: 0.5 tokens a unit
@@ -118,7 +132,7 @@ def test_a_drafter_joins_a_request_only_when_finishing_faster_pays_for_its_promp
     for _ in range(EVIDENCE - 1):
         lucky.measured(3, True, 4, 8, 0.1, 0.3, [1, 1, 1])
     lucky.measured(7, True, 40, 8, 0.1, 0.0, [])  # one lucky step in a rare bucket: 40 tokens a unit
-    assert lucky.rate(7, True) > 10 * lucky.rate(3, True)  # a mean over buckets would take it at its word (~20)
+    assert lucky.rate(7, True) > 5 * lucky.rate(3, True)  # a mean over buckets would take it at its word (~20)
     assert lucky.drafting_rate() < 2  # pooled over steps it is one step of 16
     assert not lucky.should_join((2 * TRIAL, float(TRIAL), TRIAL), rows=10, remaining=100)  # retrieval: 2 a unit
 

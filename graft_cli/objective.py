@@ -15,7 +15,8 @@ target accepts its whole path). Every choice of the tree builder is this one rat
   model is never paid for;
 - **whether to draft at all**: retrieved chains cost nothing to propose. A step whose retrieval is confident may be
   faster without the drafter; the choice is made from the rates that drafting and not drafting have really reached
-  at a similar retrieval confidence (a small contextual bandit over measured step times);
+  at a similar retrieval confidence (a small contextual bandit over measured step times, each mode's rate
+  shrunk toward what it is expected to reach there, since accepted lengths are heavy-tailed);
 - **how deep and how wide**: another draft level is grown only while what it is expected to add (its frontier's
   path probabilities times the drafter's usual confidence in its best child) per second of its forward and of
   verifying its nodes beats the rate the step already has. There is no fixed depth cap short of ``max_levels``;

@@ -8,11 +8,10 @@ target accepts its whole path). Every choice of the tree builder is this one rat
   joins when finishing the request at drafting's rate instead of retrieval's rate in this one saves
   ``JOIN_MARGIN`` times what reading the prompt costs. Retrieval's rate is measured on ``TRIAL`` steps of
   retrieval alone when the prompt costs more than a target forward to read; a shorter one is judged at once, on
-  the first step's retrieval estimate. Drafting's rate is what
-  every drafted step of earlier requests reached together (tokens over costs, pooled: a rarely seen confidence
-  bucket cannot speak for it). Until drafting has been measured on ``EVIDENCE`` steps it joins at once: what a
-  drafter gives is learnt by drafting. A summary's article already holds most of its answer, and then the draft
-  model is never paid for;
+  the first step's retrieval estimate. Drafting's rate is what every drafted step of earlier requests reached
+  together (tokens over costs, pooled: a rarely seen confidence bucket cannot speak for it). Until drafting has
+  been measured on ``EVIDENCE`` steps it joins at once: what a drafter gives is learnt by drafting. A summary's
+  article already holds most of its answer, and then the draft model is never paid for;
 - **whether to draft at all**: retrieved chains cost nothing to propose. A step whose retrieval is confident may be
   faster without the drafter; the choice is made from the rates that drafting and not drafting have really reached
   at a similar retrieval confidence (a small contextual bandit over measured step times, each mode's rate
@@ -190,7 +189,7 @@ class Objective:
         return winner
 
     def should_join(self, alone: tuple[int, float, int], rows: int, remaining: int,
-                    retrieved: np.ndarray = np.empty(0)) -> bool:
+                    retrieved: Sequence[float] = ()) -> bool:
         """Whether a drafter that has not read this request yet should read its ``rows`` tokens and draft:
         ``alone`` is this request's steps so far (accepted tokens, verification cost, steps), ``remaining`` the
         new tokens still to come, ``retrieved`` this step's calibrated retrieved scores. Always while drafting
@@ -257,8 +256,6 @@ class Objective:
             return None
         tokens, verify, forwards = self.rates[(bucket, drafted)]
         measured = tokens / (verify + forwards * self.draft_cost(1))
-        if drafted and not self.drafted_steps:
-            return measured
         expected = self.drafting_rate() if drafted else bucket / self.verify_cost(0)
         weight = min(self.steps[(bucket, drafted)], EMA_STEPS)
         return (weight * measured + PRIOR_STEPS * expected) / (weight + PRIOR_STEPS)

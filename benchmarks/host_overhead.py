@@ -62,7 +62,6 @@ peaked enough for the tree to grow.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 import tempfile
@@ -74,7 +73,6 @@ from typing import Callable
 
 import numpy as np
 import torch
-from torch.overrides import TorchFunctionMode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -88,6 +86,7 @@ from graft_cli.budget import LatencyModel  # noqa: E402
 from graft_cli.catalog.home import graft_home  # noqa: E402
 from graft_cli.catalog.resolve import resolve_model  # noqa: E402
 from graft_cli.kv_cache import PositionLayer  # noqa: E402
+from phases import DEVICE, FORWARD, Phases  # noqa: E402
 from playback import Replay, cold_caches  # noqa: E402
 from graft_cli.loading import encode, load_model, stop_ids  # noqa: E402
 from graft_cli.methods import MethodConfig, build  # noqa: E402
@@ -98,103 +97,7 @@ from graft_cli.stats import Stats  # noqa: E402
 from graft_cli.target import Target  # noqa: E402
 
 PHASES = ("draft", "mask", "retrieve", "graft", "accept", "keep", "observe", "engine")
-FORWARD = "forward"
-DEVICE = "device"  # torch calls over vocabulary-sized tensors outside the forwards
 CORPUS = "corpus/alpaca_eval_outputs/gpt4.jsonl"  # under the shared data, beside the benchmark prompts
-METADATA = {"__get__", "size", "dim", "numel", "stride", "__len__", "is_contiguous", "data_ptr", "element_size",
-            "is_floating_point"}  # calls on a vocabulary-wide tensor that do no device work: never played back
-READS = ("item", "tolist", "cpu", "numpy", "__float__", "__bool__", "__int__", "__index__", "__array__")
-
-
-class Phases(TorchFunctionMode):
-    """Exclusive time per phase (a nested phase's time is its own, not its caller's), and per phase the torch
-    calls made and the device-to-host reads among them. A torch call over a vocabulary-sized tensor (at least
-    ``big`` elements: softmax, top-k, argmax over logits) is device work on a GPU: timed like a forward."""
-
-    def __init__(self, clock: Callable[[], float], big: int = 1 << 16) -> None:
-        super().__init__()
-        self.clock, self.big = clock, big
-        self.stack: list[list] = []  # [name, start, time spent in nested phases]
-        self.time: Counter = Counter()
-        self.reads: Counter = Counter()
-        self.calls: Counter = Counter()
-        self.counting = False
-        self.tape: list | None = None  # vocabulary-wide calls' outputs, recorded (None: they run)
-        self.replaying = False  # ... and played back instead of run
-        self.at = 0
-
-    def wrap(self, name: str, fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def timed(*args, **kwargs):
-            self.enter(name)
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.exit()
-
-        return timed
-
-    def enter(self, name: str) -> None:
-        self.stack.append([name, self.clock(), 0.0])
-
-    def exit(self) -> None:
-        phase, start, nested = self.stack.pop()
-        elapsed = self.clock() - start
-        self.time[phase] += elapsed - nested
-        if self.stack:
-            self.stack[-1][2] += elapsed
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if not self.counting:
-            return func(*args, **kwargs)
-        phase = self.stack[-1][0] if self.stack else "outside"
-        name = getattr(func, "__name__", "")
-        self.calls[phase] += 1
-        if name in READS:
-            self.reads[phase] += 1
-        if phase != FORWARD and any(isinstance(a, torch.Tensor) and a.numel() >= self.big for a in args):
-            self.enter(DEVICE)
-            try:
-                if self.tape is None or name in METADATA:
-                    return func(*args, **kwargs)
-                if self.replaying:
-                    if self.at >= len(self.tape) or self.tape[self.at][0] != name:
-                        raise SystemExit(f"host_overhead: the replay diverged at vocabulary-wide call {self.at} "
-                                         f"({name})")
-                    self.at += 1
-                    return self.tape[self.at - 1][1]
-                out = func(*args, **kwargs)
-                self.tape.append((name, out))
-                return out
-            finally:
-                self.exit()
-        return func(*args, **kwargs)
-
-    def reset(self) -> None:
-        for counter in (self.time, self.reads, self.calls):
-            counter.clear()
-
-    def cost(self, n: int = 4000) -> float:
-        """Seconds this mode adds to one torch call: small calls timed without it and with it (best of 5)."""
-        x = torch.ones(4)
-
-        def calls() -> float:
-            start = self.clock()
-            for _ in range(n):
-                x.add(1)
-                x[1]
-            return self.clock() - start
-
-        plain = min(calls() for _ in range(5))
-        self.counting = True
-        self.stack.append(["calibration", self.clock(), 0.0])
-        with self:
-            counted = min(calls() for _ in range(5))
-        self.stack.clear()
-        self.counting = False
-        self.reset()
-        return max(counted - plain, 0.0) / (2 * n)
 
 
 def datastore(name: str, corpus: Path) -> str:

@@ -31,6 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from graft_cli import graft  # noqa: E402
 from graft_cli.bench.datasets import load_questions, resolve_dataset  # noqa: E402
 from graft_cli.bench.plan import MethodSpec, method_config  # noqa: E402
 from graft_cli.budget import LatencyModel  # noqa: E402
@@ -44,17 +45,31 @@ from graft_cli.tree import Tree  # noqa: E402
 from plugins.base import Step  # noqa: E402
 
 
-def replay(proposer, prompt: list[int], output: list[int], verify_s) -> dict:
+class Clock:
+    """The proposer's ``perf_counter`` during a replay: real time plus the modelled verifications so far, so a
+    cost-aware proposer measures a verification at what the curve says it costs (its draft forwards stay real)."""
+
+    def __init__(self) -> None:
+        self.verified = 0.0
+
+    def __call__(self) -> float:
+        return perf_counter() + self.verified
+
+
+def replay(proposer, prompt: list[int], output: list[int], verify_s, steps_out: list | None = None) -> dict:
     """Decode ``output`` after ``prompt`` with ``proposer``: seconds proposing, seconds verifying (from
-    ``verify_s(fed tokens)``), steps and draft forwards."""
+    ``verify_s(fed tokens)``), steps and draft forwards; ``steps_out`` collects one record per step (tree size,
+    tokens accepted, draft forwards, proposing seconds, and the proposer's own trace record)."""
+    clock = graft.perf_counter = Clock()
     context = [*prompt, output[0]]  # the prefill gives the first token
     proposer.start(prompt, Step(context, [output[0]], Tree(), list(range(len(prompt)))), len(prompt) + len(output) + 256)
     stats = Stats()
     done, propose, verify, steps = 1, 0.0, 0.0, 0
     while done < len(output):
-        t0 = perf_counter()
+        t0, forwards = perf_counter(), stats.draft_forwards
         tree = proposer.propose(context, stats)
         propose += perf_counter() - t0
+        record = {"nodes": len(tree), "forwards": stats.draft_forwards - forwards, "propose_s": perf_counter() - t0}
         node, path = TREE_ROOT, []
         while done + len(path) < len(output):
             child = tree.child(node, output[done + len(path)])
@@ -64,10 +79,13 @@ def replay(proposer, prompt: list[int], output: list[int], verify_s) -> dict:
             node = child
         new = output[done : done + len(path) + 1]
         verify += verify_s(len(tree) + 1)
+        clock.verified += verify_s(len(tree) + 1)
         steps += 1
         done += len(new)
         context = context + new
         proposer.observe(Step(context, new, tree, [0] + [i + 1 for i in path]))
+        if steps_out is not None:
+            steps_out.append({**record, "tokens": len(new), **(proposer.trace[-1] if proposer.trace else {})})
     return {"tokens": len(output) - 1, "propose": propose, "verify": verify, "steps": steps,
             "draft_forwards": stats.draft_forwards}
 
@@ -103,11 +121,14 @@ def main() -> None:
     ap.add_argument("--curve", default=None, help="N:COST,...: verification cost in one-token forwards instead of "
                     "the target's measured profile (the proposers choose their trees by it too)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=Path, default=None, help="write every step here (JSON lines)")
+    ap.add_argument("--per-question", action="store_true", help="print a row per question and method too")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
     loaded = load_model(args.model, "cpu", "float32")
     latency = latency_model(loaded)
+    loaded.model.to("meta")  # never run: its config, dtype and tokenizer are what the proposers read
     one = latency(1)  # the unit of the speedup, and of --curve
     if args.curve:
         latency = LatencyModel({int(n): float(c) * one for n, c in (p.split(":") for p in args.curve.split(","))})
@@ -124,15 +145,24 @@ def main() -> None:
             proposers[name].latency = latency
 
     totals: dict[tuple[str, str], dict] = defaultdict(lambda: defaultdict(float))
+    steps_file = args.steps.open("w") if args.steps else None
     for record, prompt, turn in ar_turns(args.runs, questions, loaded.tokenizer):
         for name, proposer in proposers.items():  # one proposer per method for the run, as in the bench
-            for key, value in replay(proposer, prompt, turn["tokens"], latency).items():
-                totals[record["category"], name][key] += value
-    print("category | method | decoding speedup over ar | tau | draft forwards/step | propose s/step | verify s/step")
-    for (category, name), t in sorted(totals.items()):
-        print(f"{category} | {name} | {t['tokens'] * one / (t['propose'] + t['verify']):.3f} | "
-              f"{t['tokens'] / t['steps']:.2f} | {t['draft_forwards'] / t['steps']:.2f} | "
-              f"{t['propose'] / t['steps']:.3f} | {t['verify'] / t['steps']:.3f}")
+            steps: list[dict] = []
+            for key, value in replay(proposer, prompt, turn["tokens"], latency, steps).items():
+                for row in ("all", record["question_id"]):
+                    totals[record["category"], row, name][key] += value
+            for i, step in enumerate(steps):
+                if steps_file:
+                    steps_file.write(json.dumps({"question": record["question_id"], "method": name, "step": i,
+                                                 **step}, default=dict) + "\n")
+    print("category | question | method | decoding speedup over ar | tau | draft forwards/step | propose s/step | "
+          "verify s/step")
+    for (category, row, name), t in sorted(totals.items(), key=lambda kv: str(kv[0])):
+        if row == "all" or args.per_question:
+            print(f"{category} | {row} | {name} | {t['tokens'] * one / (t['propose'] + t['verify']):.3f} | "
+                  f"{t['tokens'] / t['steps']:.2f} | {t['draft_forwards'] / t['steps']:.2f} | "
+                  f"{t['propose'] / t['steps']:.3f} | {t['verify'] / t['steps']:.3f}")
 
 
 if __name__ == "__main__":

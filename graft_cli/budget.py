@@ -91,24 +91,29 @@ class LatencyModel:
             self._spans.clear()
         return cached
 
-    def best_count(self, fixed: int, fixed_gain: float, scores: Sequence[float], overhead: float = 0.0) -> int:
+    def best_count(self, fixed: int, fixed_gain: float, scores: Sequence[float], overhead: float = 0.0,
+                   going: float | None = None) -> int:
         """How many of ``scores`` (best first) to verify on top of ``fixed`` nodes: max expected tokens/second.
-        ``overhead``: what the step costs besides the forward, in the curve's unit (the drafting already done)."""
+        ``overhead``: what the step costs besides the forward, in the curve's unit (the drafting already done);
+        ``going``: what a unit of time buys on average (tokens per unit), when known: then the count with the most
+        tokens beyond what its time would buy at that rate (a node pays when it beats the going rate, however
+        the step went so far)."""
         row = np.asarray(scores, dtype=np.float64)[None]
-        counts, _ = self.best_counts(fixed, fixed_gain, row, np.array([overhead]))
+        counts, _ = self.best_counts(fixed, fixed_gain, row, np.array([overhead]), going)
         return int(counts[0])
 
-    def best_counts(self, fixed: int, fixed_gain: float, scores: np.ndarray,
-                    overheads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def best_counts(self, fixed: int, fixed_gain: float, scores: np.ndarray, overheads: np.ndarray,
+                    going: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`best_count` for every row of ``scores`` ``[R, n]``, each with its overhead, in one array pass
-        over every candidate count (the first count reaching a row's best rate wins, so a row padded with zeros
+        over every candidate count (the first count reaching a row's best value wins, so a row padded with zeros
         never takes its padding); and each row's expected tokens there (1 + ``fixed_gain`` + its scores')."""
         rows, n = scores.shape
         gains = np.empty((rows, n + 1))
         gains[:, 0] = 1.0 + fixed_gain
         gains[:, 1:] = scores
         np.cumsum(gains, axis=1, out=gains)
-        rates = gains / (overheads[:, None] + self._counts(fixed + 1, n + 1))
+        costs = overheads[:, None] + self._counts(fixed + 1, n + 1)
+        rates = gains / costs if going is None else gains - going * costs
         rates[np.isnan(rates)] = -np.inf  # a NaN score never wins (nor does any count after it)
         counts = np.argmax(rates, axis=1)
         return counts, gains[np.arange(rows), counts]

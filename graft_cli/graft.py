@@ -171,7 +171,7 @@ class GraftProposer:
         draft_s = t2 - t1 - (drafter.catch_up_s if drafted else 0.0)  # joining is not drafting
         rows = list(drafter.forward_rows) if drafted else []
         if len(pool):
-            tree = self._graft(tree, pool, objective.spent(draft_s, rows))
+            tree = self._graft(tree, pool, objective.spent(draft_s, rows), objective.going())
         stats.times["retrieve"] += t1 - t0 + perf_counter() - t2
         self.trace.append({"draft": kept, "retrieved": len(tree) - kept, "levels": drafter.levels if drafted else 0})
         self._step = _Pending(bucket, drafted, draft_s, rows, line_probs, line, perf_counter())
@@ -198,14 +198,15 @@ class GraftProposer:
                 pool.merge(found)
         return pool
 
-    def _graft(self, tree: Tree, pool: Tree, overhead: float = 0.0) -> Tree:
+    def _graft(self, tree: Tree, pool: Tree, overhead: float = 0.0, going: float | None = None) -> Tree:
         """Graft ``pool`` best-first into the free slots, then keep only as many of the new nodes as pay for
-        their verification (expected tokens per second under the latency model, after ``overhead`` spent)."""
+        their verification (expected tokens per second under the latency model, after ``overhead`` spent, or
+        against the ``going`` rate when known: ``LatencyModel.best_count``)."""
         drafted, gain = len(tree), sum(n.score for n in tree.nodes)
         tree.graft(pool, self.budget)  # the drafter's tree is ours to change (Drafter.draft)
         new = tree.nodes[drafted:]  # added best-first, so every prefix of them is prefix-closed
         if new:
-            tree.truncate(drafted + self.latency.best_count(drafted, gain, [n.score for n in new], overhead))
+            tree.truncate(drafted + self.latency.best_count(drafted, gain, [n.score for n in new], overhead, going))
         return tree
 
     def _calibrated(self, retriever: Retriever, found: Tree) -> Tree:

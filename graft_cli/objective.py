@@ -17,9 +17,13 @@ target accepts its whole path). Every choice of the tree builder is this one rat
   at a similar retrieval confidence (a small contextual bandit over measured step times, each mode's rate
   shrunk toward what it is expected to reach there, since accepted lengths are heavy-tailed);
 - **how deep and how wide**: another draft level is grown only while what it is expected to add (its frontier's
-  path probabilities times the drafter's usual confidence in its best child) per second of its forward and of
-  verifying its nodes beats the rate the step already has. There is no fixed depth cap short of ``max_levels``;
-- **how many nodes to verify**: the count with the best rate over the measured verification latency.
+  path probabilities, the best path's calibrated, times the drafter's usual acceptance of its best child) per
+  second of its forward and of verifying its nodes beats the going rate: what drafted steps reach on average
+  (the step's own rate until that is measured). There is no fixed depth cap short of ``max_levels``;
+- **how many nodes to verify**: the count with the most expected tokens beyond what their verification time
+  buys at the going rate (the best rate of the step, until that is measured);
+- **the draft's calibration**: how often the target accepts a drafted token, measured per bin of the draft's
+  own probability of it given its parent, on the tokens the target read.
 
 Costs are measured while generating: the verification time of each step against the latency curve (the curve's
 shape, and its scale in seconds on this device now), and the draft forwards' time by rows fed. Before the first
@@ -55,9 +59,12 @@ EVIDENCE = 16  # drafted steps measured (a bench's warm-up gives a few) before d
 # prefill is priced by the latency curve's last slope, while attention makes it grow faster; ``remaining`` is the
 # most new tokens a request may take, and answers often end sooner)
 JOIN_MARGIN = 2.0
-# candidate calibrations of the draft's path probabilities (p ** power): a well-aligned draft model is right far
-# more often than its own probabilities say (Qwen2.5-Coder 0.5B agrees with 1.5B 97% of the time on code)
-POWERS = np.array([0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0])
+# the draft's calibration: how often the target accepts a drafted token, by the draft's own probability of it given
+# its parent (bins from these lower edges). A well-aligned draft model is right far more often than its own
+# probabilities say at 0.4-0.9 (Qwen2.5-Coder 0.5B under 1.5B on Spec-Bench math: 85-95%), and less often than
+# they say at 0.99 and above (98%), so no single power of the probability fits both (docs/benchmarks.md)
+EDGES = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99])
+CALIBRATION_PRIOR = 2.0  # tokens a bin's prior (the draft's own probability) weighs as much as
 FORGET = 0.97  # per drafted step, what the calibration and drafting's pooled rate keep of their past
 
 
@@ -88,11 +95,11 @@ class Objective:
     steps: dict = field(default_factory=dict)  # (bucket, drafted) -> steps that mode ran there
     drafted_steps: int = 0  # steps measured with a draft
     drafting: tuple[float, float, float] = (0.0, 0.0, 0.0)  # drafted steps pooled: tokens, verify cost, draft shape
+    alone: tuple[float, float] = (0.0, 0.0)  # steps of retrieval alone pooled: tokens, and the buckets they expected
     planned: bool = False  # choose the depth before each draft (no read per level: a GPU's queue keeps going)
     levels: int = 0  # planned: the levels the next draft grows (0: max_levels until a draft has been walked)
-    power: float = 1.0  # the draft's calibration: a path the drafter gives probability p is accepted p ** power
-    _fit: np.ndarray = field(default_factory=lambda: np.zeros(len(POWERS)))  # predicted draft tokens, per power
-    _drafted: float = 0.0  # ... and accepted, decayed alike
+    _tested: np.ndarray = field(default_factory=lambda: np.zeros(len(EDGES)))  # drafted tokens the target read,
+    _passed: np.ndarray = field(default_factory=lambda: np.zeros(len(EDGES)))  # ... and accepted, per bin (decayed)
     _units: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
     _draft_units: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
 
@@ -122,23 +129,33 @@ class Objective:
     def _plans(self, scores: np.ndarray, spent: Sequence[float], lifts: Sequence[float]) -> list[Plan]:
         """:meth:`best` for each row of ``scores`` ``[R, n]`` (a row shorter than ``n`` padded with zeros), in
         one array pass: ``spent`` and ``lifts`` (what calibrating the best path adds) per row."""
-        counts, gains = self.latency.best_counts(0, 0.0, scores, np.asarray(spent, dtype=np.float64))
+        counts, gains = self.latency.best_counts(0, 0.0, scores, np.asarray(spent, dtype=np.float64), self.going())
         return [Plan(count, (gain + lift) / (cost + self.verify_cost(count)))
                 for count, gain, lift, cost in zip(counts.tolist(), gains.tolist(), lifts, spent)]
 
     def _lift(self, line: Sequence[float]) -> float:
         """What calibrating the best path's probabilities adds to their sum."""
-        return sum(p**self.power - p for p in line)
+        return float(np.sum(self.calibrated(line)) - np.sum(line)) if len(line) else 0.0
 
-    def extend(self, frontier: Sequence[float], plan: Plan, spent: float) -> bool:
+    def extend(self, frontier: Sequence[float], plan: Plan, spent: float, line: Sequence[float] = ()) -> bool:
         """Whether one more draft level over ``frontier`` (its path probabilities, best first) raises the
-        step's rate: the best node's child counts as calibrated, the others' as they are."""
+        step's rate: the best node's child counts as calibrated, the others' as they are. ``line``: the best
+        path's probabilities down to ``frontier[0]`` (that node alone when not given), which calibrate it."""
         if not len(frontier):
             return False
-        gain = self.confidence * (frontier[0] ** self.power + sum(frontier[1:]))
+        best = self.calibrated(line if len(line) else frontier[:1])[-1]
+        gain = self.confidence * (best + sum(frontier[1:]))
         cost = self.draft_cost(len(frontier)) + self.verify_cost(plan.count + len(frontier)) - self.verify_cost(plan.count)
-        base = plan.rate * (spent + self.verify_cost(plan.count))
-        return (base + gain) / (spent + self.verify_cost(plan.count) + cost) > plan.rate
+        going = self.going()
+        return gain > (plan.rate if going is None else going) * cost
+
+    def going(self) -> float | None:
+        """What a unit of time is worth when deciding on more of a step (another level, another node): drafting's
+        pooled rate once measured on ``EVIDENCE`` steps, else unknown (None: the step's own rate decides).
+        Generation's throughput is tokens over all the time spent, so more of a step pays when it beats what the
+        time buys on average; the step's own rate would stop a step that goes well short (Spec-Bench math on the
+        Qwen pair: 57 of 93 drafts were accepted whole) and, its drafting sunk, verify weak nodes after it."""
+        return self.drafting_rate() if self.drafted_steps >= EVIDENCE else None
 
     def replan(self, levels: Sequence[tuple[Sequence[float], Sequence[float]]], rows: Sequence[int]) -> int:
         """A planned draft's levels, read once at its end: per level grown, the frontier's cumulative log-probs
@@ -152,20 +169,17 @@ class Objective:
             best[i, : len(ranked)] = ranked
         paid = list(accumulate((self.draft_cost(r) for r in rows), initial=0.0))
         spent = [paid[min(level, len(rows))] for level in range(1, len(levels) + 1)]
-        lifts, lift = [], 0.0  # what calibrating the best path adds, level by level (its newest node: cum[0])
-        for cum, _ in levels:
-            if cum:
-                lift += self._lift([math.exp(cum[0])])
-            lifts.append(lift)
+        line = [math.exp(cum[0]) for cum, _ in levels if cum]  # the best path, one node a level (its newest: cum[0])
+        lifts = [self._lift(line[: sum(1 for cum, _ in levels[:level] if cum)]) for level in range(1, len(levels) + 1)]
         plans = self._plans(np.exp(best), spent, lifts)
-        stop, last = 0, None
+        stop, last, walked = 0, None, 0
         for level, ((cum, _), plan) in enumerate(zip(levels, plans), start=1):
             if cum:  # the confidence is learnt level by level, as the per-level rule learns it
                 if last is not None:
                     self.observe_confidence(last, cum[0])
-                last = cum[0]
+                last, walked = cum[0], walked + 1
             if not stop and (level >= self.max_levels or not self.extend([math.exp(c) for c in cum], plan,
-                                                                          spent[level - 1])):
+                                                                          spent[level - 1], line[:walked])):
                 stop = level
         self.levels = stop or min(self.max_levels, len(levels) + 1)
         return plans[-1].count
@@ -176,17 +190,17 @@ class Objective:
         return min(BUCKETS, int(round(1.0 + float(np.sum(retrieved[: plan.count])))))
 
     def should_draft(self, bucket: int) -> bool:
-        """Draft unless not drafting has measured faster at this retrieval confidence (each mode is tried
-        first while unmeasured, and the losing one again every ``EXPLORE`` visits)."""
+        """Draft unless not drafting has measured faster at this retrieval confidence. Each mode is tried first
+        while unmeasured, and the losing one again every ``EXPLORE`` visits; retrieval alone only where its
+        expected rate could win (in bucket 1 it is plain decoding: trying it there only loses a step)."""
         drafted, skipped = self.rate(bucket, True), self.rate(bucket, False)
         if drafted is None:
             return True
-        if skipped is None:
-            return False
-        winner = drafted >= skipped
-        if self.visits.get((bucket, not winner), 0) >= EXPLORE:
-            return not winner
-        return winner
+        if skipped is None or (drafted >= skipped and self.visits.get((bucket, False), 0) >= EXPLORE):
+            return self.expected(bucket, False) < drafted
+        if drafted < skipped and self.visits.get((bucket, True), 0) >= EXPLORE:
+            return True
+        return drafted >= skipped
 
     def should_join(self, alone: tuple[int, float, int], rows: int, remaining: int,
                     retrieved: Sequence[float] = ()) -> bool:
@@ -218,6 +232,12 @@ class Objective:
         tokens, verify, shape = self.drafting
         return tokens / (verify + shape * self.draft_cost(1))
 
+    def retrieval_share(self) -> float:
+        """What steps of retrieval alone accepted against what their buckets expected, pooled (one step of exact
+        expectations as the prior): retrieval's estimates run high where a prompt repeats numbers, not answers."""
+        tokens, expected = self.alone
+        return (tokens + 1.0) / (expected + 1.0)
+
     # --- measurements -------------------------------------------------------------------------------------------
     def measured(self, bucket: int, drafted: bool, tokens: int, nodes: int, verify_s: float, draft_s: float,
                  draft_rows: Sequence[int]) -> None:
@@ -239,6 +259,8 @@ class Objective:
         verify = self.verify_cost(nodes)
         if drafted:
             self.drafting = tuple(FORGET * old + new for old, new in zip(self.drafting, (tokens, verify, shape)))
+        else:
+            self.alone = (FORGET * self.alone[0] + tokens, FORGET * self.alone[1] + bucket)
         old = self.rates.get(key, (None, None, None))
         self.rates[key] = (_ema(old[0], tokens), _ema(old[1], verify), _ema(old[2], shape))
         self.steps[key] = self.steps.get(key, 0) + 1
@@ -247,36 +269,56 @@ class Objective:
 
     def rate(self, bucket: int, drafted: bool) -> float | None:
         """Accepted tokens per latency unit that steps of this mode reached at this retrieval confidence, shrunk
-        toward what the mode is expected to reach there (``PRIOR_STEPS`` steps of it against the running
-        figure's few): drafting's pooled rate, or the bucket's own expected tokens over a one-token forward for
-        retrieval alone. Accepted lengths are heavy-tailed, so one failed draft in a bucket would otherwise shut
-        drafting out of it for ``EXPLORE`` visits (Spec-Bench coding on the Qwen pair: steps of retrieval alone
-        at 1-2 tokens, where drafting averaged 8)."""
+        toward :meth:`expected` (``PRIOR_STEPS`` steps of it against the running figure's few). Accepted lengths
+        are heavy-tailed, so one failed draft in a bucket would otherwise shut drafting out of it for ``EXPLORE``
+        visits (Spec-Bench coding on the Qwen pair: steps of retrieval alone at 1-2 tokens, where drafting
+        averaged 8)."""
         if (bucket, drafted) not in self.rates:
             return None
         tokens, verify, forwards = self.rates[(bucket, drafted)]
         measured = tokens / (verify + forwards * self.draft_cost(1))
-        expected = self.drafting_rate() if drafted else bucket / self.verify_cost(0)
         weight = min(self.steps[(bucket, drafted)], EMA_STEPS)
-        return (weight * measured + PRIOR_STEPS * expected) / (weight + PRIOR_STEPS)
+        return (weight * measured + PRIOR_STEPS * self.expected(bucket, drafted)) / (weight + PRIOR_STEPS)
 
-    def calibrated(self, probs: np.ndarray) -> np.ndarray:
-        """The draft's path probabilities as acceptance estimates."""
-        return probs**self.power
+    def expected(self, bucket: int, drafted: bool) -> float:
+        """The rate a mode is expected to reach at this retrieval confidence before its own steps there say:
+        drafting's pooled rate, or the bucket's expected tokens (scaled by what retrieval alone has delivered
+        of its expectations) over a one-token forward."""
+        return self.drafting_rate() if drafted else bucket * self.retrieval_share() / self.verify_cost(0)
 
-    def observe_draft(self, probs: Sequence[float], accepted: int) -> None:
+    def calibrated(self, line: Sequence[float]) -> np.ndarray:
+        """The draft's path probabilities along one path (each node's, from the first level down) as acceptance
+        estimates: the product of each token's calibrated acceptance given its parent."""
+        probs = np.asarray(line, dtype=np.float64)
+        given = probs / np.concatenate(([1.0], probs[:-1])).clip(min=1e-300)  # each token's given its parent
+        return np.cumprod(self.accepts(given))
+
+    def accepts(self, given: np.ndarray) -> np.ndarray:
+        """How often the target accepts a drafted token that the draft gave probability ``given`` after its
+        parent: its bin's measured rate, the draft's own probability weighing ``CALIBRATION_PRIOR`` tokens."""
+        given = np.clip(given, 0.0, 1.0)
+        bins = np.searchsorted(EDGES, given, side="right") - 1
+        return (self._passed[bins] + CALIBRATION_PRIOR * given) / (self._tested[bins] + CALIBRATION_PRIOR)
+
+    def observe_draft(self, line: Sequence[float], accepted: int) -> None:
         """The draft's own probabilities along its best path of a verified tree, and how far along it the
-        target accepted: the power whose predictions add up closest to what was accepted becomes the
-        calibration (the best path is what depth is chosen for; siblings are rarely what the target picks)."""
-        if not len(probs):
+        target accepted: every token the target read (those up to and including the first it rejected) is
+        counted in its bin, accepted or not; the tokens after a rejected one were never read (the best path is
+        what depth is chosen for; siblings are rarely what the target picks)."""
+        if not len(line):
             return
-        raw = np.asarray(probs, dtype=np.float64)[:, None]
-        self._fit = FORGET * self._fit + np.sum(raw ** POWERS[None, :], axis=0)
-        self._drafted = FORGET * self._drafted + accepted
-        prior = 1.0  # one node predicted and accepted alike: no evidence, no change from power 1
-        self.power = float(POWERS[np.argmin(np.abs(np.log((self._fit + prior) / (self._drafted + prior))))])
+        probs = np.asarray(line, dtype=np.float64)
+        given = np.clip(probs / np.concatenate(([1.0], probs[:-1])).clip(min=1e-300), 0.0, 1.0)
+        read = given[: accepted + 1]
+        bins = np.searchsorted(EDGES, read, side="right") - 1
+        self._tested *= FORGET
+        self._passed *= FORGET
+        np.add.at(self._tested, bins, 1.0)
+        np.add.at(self._passed, bins[:accepted], 1.0)
 
     def observe_confidence(self, parent_logp: float, child_logp: float) -> None:
-        """The drafter's best child against its best parent one level up (log path probabilities)."""
+        """The drafter's best child against its best parent one level up (log path probabilities): the running
+        acceptance expected of the next level's best token."""
         if math.isfinite(parent_logp) and math.isfinite(child_logp):
-            self.confidence = _ema(self.confidence, min(1.0, math.exp(child_logp - parent_logp) ** self.power))
+            given = np.array([min(1.0, math.exp(child_logp - parent_logp))])
+            self.confidence = _ema(self.confidence, float(self.accepts(given)[0]))

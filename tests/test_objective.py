@@ -55,6 +55,53 @@ def test_the_best_count_and_the_next_level():
     assert not objective.extend(np.array([1.0, 1.0]), weak, 0.0)
 
 
+def test_the_drafts_calibration_is_measured_per_probability_bin_on_the_tokens_the_target_read():
+    """A drafted token counts in its bin (its probability given its parent) when the target read it: every token
+    up to and including the first rejected one; those after it tell nothing."""
+    objective = Objective(FLAT)
+    line = [0.5, 0.25, 0.125, 0.0625]  # each token 0.5 likely given its parent
+    assert objective.calibrated(line) == pytest.approx(line)  # unmeasured: the draft's own probabilities
+    for _ in range(40):
+        objective.observe_draft(line, 4)  # a draft right far more often than it says
+    assert objective.accepts(np.array([0.5]))[0] > 0.9
+    assert objective.calibrated(line)[-1] > 0.6
+    assert objective.accepts(np.array([0.99]))[0] == pytest.approx(0.99)  # another bin: not moved
+    for _ in range(40):
+        objective.observe_draft([0.995, 0.99, 0.985], 1)  # sure of itself, rejected at its second token
+    assert objective.accepts(np.array([0.995]))[0] < 0.6
+    before = objective._tested.copy()
+    objective.observe_draft([0.995, 0.99, 0.985], 0)  # rejected at once: only the first token was read
+    assert (objective._tested - 0.97 * before).sum() == pytest.approx(1.0)
+
+
+def test_a_step_that_goes_well_is_not_cut_short_once_the_going_rate_is_known():
+    """Before drafting is measured a level pays when it raises the step's own rate; after, when it beats what
+    time buys on average (drafting's pooled rate), whatever the step has already reached."""
+    objective = Objective(FLAT)
+    plan = objective.best(np.array([0.99] * 7), 0.3 * 7)  # 7 sure levels drafted: 7.9 tokens for 3.1 units
+    assert objective.going() is None and not objective.extend([0.9, 0.05], plan, 0.3 * 7)
+    for _ in range(EVIDENCE):
+        objective.measured(1, True, 4, 8, 0.1, 0.03, [1, 1, 1])  # drafting reaches 4 tokens in 1.3 units
+    assert objective.going() == pytest.approx(objective.drafting_rate())
+    assert objective.extend([0.9, 0.05], plan, 0.3 * 7)  # 0.8 x 0.95 tokens for 0.3 units beats 3 a unit
+    # the verified nodes too: a weak node (its row costs 0.06 units past 8) does not ride on a step whose long
+    # drafting is sunk, as it would on the step's own low rate
+    scores = np.array([0.99] * 7 + [0.05])
+    assert objective.best(scores, 10.0).count == 7
+    assert Objective(FLAT).best(scores, 10.0).count == 8
+
+
+def test_retrieval_alone_is_not_tried_where_it_is_plain_decoding():
+    objective = Objective(FLAT)
+    objective.measured(1, True, 4, 8, 0.1, 0.03, [1, 1, 1])
+    assert objective.should_draft(1)  # bucket 1 expects the bonus token alone: never worth a step
+    objective.measured(6, True, 4, 8, 0.1, 0.03, [1, 1, 1])
+    assert not objective.should_draft(6)  # six tokens for one forward could win: try it
+    for _ in range(4):
+        objective.measured(6, False, 1, 8, 0.1, 0.0, [])  # retrieval alone delivers a sixth of its promise
+    assert objective.retrieval_share() < 0.4 and objective.should_draft(6)
+
+
 def test_a_planned_draft_walks_its_levels_after_one_read():
     """The walk takes the per-level rule's decisions from the levels' read values: it stops where the rule stops
     (that depth is the next draft's), or plans one level deeper when every level still paid."""

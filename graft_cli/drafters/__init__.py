@@ -250,9 +250,10 @@ class TreeDrafter:
                             objective.observe_confidence(line[-1], frontier_cum[0])
                         line.append(frontier_cum[0])  # the best path's newest node
                     spent = objective.spent(perf_counter() - clock - self.catch_up_s, self.forward_rows)
-                    plan = objective.best(np.exp(np.array(host[len(host) - ranked :])), spent, [_prob(c) for c in line])
+                    best_path = [_prob(c) for c in line]
+                    plan = objective.best(np.exp(np.array(host[len(host) - ranked :])), spent, best_path)
                     keep = plan.count
-                    if not deeper or not objective.extend([_prob(c) for c in frontier_cum], plan, spent):
+                    if not deeper or not objective.extend([_prob(c) for c in frontier_cum], plan, spent, best_path):
                         break
                 elif not deeper:
                     break

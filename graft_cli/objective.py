@@ -72,6 +72,17 @@ def _ema(old: float | None, new: float) -> float:
     return new if old is None else (1 - MEMORY) * old + MEMORY * new
 
 
+def _given(line: Sequence[float]) -> np.ndarray:
+    """Path probabilities along one path to each token's probability given its parent."""
+    probs = np.asarray(line, dtype=np.float64)
+    return np.clip(probs / np.concatenate(([1.0], probs[:-1])).clip(min=1e-300), 0.0, 1.0)
+
+
+def _bins(given: np.ndarray) -> np.ndarray:
+    """The calibration bin of each probability."""
+    return np.searchsorted(EDGES, given, side="right") - 1
+
+
 @dataclass
 class Plan:
     """The best verification set found so far: how many of the ranked nodes, at what rate (tokens per unit)."""
@@ -289,15 +300,13 @@ class Objective:
     def calibrated(self, line: Sequence[float]) -> np.ndarray:
         """The draft's path probabilities along one path (each node's, from the first level down) as acceptance
         estimates: the product of each token's calibrated acceptance given its parent."""
-        probs = np.asarray(line, dtype=np.float64)
-        given = probs / np.concatenate(([1.0], probs[:-1])).clip(min=1e-300)  # each token's given its parent
-        return np.cumprod(self.accepts(given))
+        return np.cumprod(self.accepts(_given(line)))
 
     def accepts(self, given: np.ndarray) -> np.ndarray:
         """How often the target accepts a drafted token that the draft gave probability ``given`` after its
         parent: its bin's measured rate, the draft's own probability weighing ``CALIBRATION_PRIOR`` tokens."""
         given = np.clip(given, 0.0, 1.0)
-        bins = np.searchsorted(EDGES, given, side="right") - 1
+        bins = _bins(given)
         return (self._passed[bins] + CALIBRATION_PRIOR * given) / (self._tested[bins] + CALIBRATION_PRIOR)
 
     def observe_draft(self, line: Sequence[float], accepted: int) -> None:
@@ -307,10 +316,7 @@ class Objective:
         what depth is chosen for; siblings are rarely what the target picks)."""
         if not len(line):
             return
-        probs = np.asarray(line, dtype=np.float64)
-        given = np.clip(probs / np.concatenate(([1.0], probs[:-1])).clip(min=1e-300), 0.0, 1.0)
-        read = given[: accepted + 1]
-        bins = np.searchsorted(EDGES, read, side="right") - 1
+        bins = _bins(_given(line)[: accepted + 1])  # the tokens the target read
         self._tested *= FORGET
         self._passed *= FORGET
         np.add.at(self._tested, bins, 1.0)

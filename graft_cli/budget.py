@@ -113,9 +113,9 @@ class LatencyModel:
         gains[:, 1:] = scores
         np.cumsum(gains, axis=1, out=gains)
         costs = overheads[:, None] + self._counts(fixed + 1, n + 1)
-        rates = gains / costs if going is None else gains - going * costs
-        rates[np.isnan(rates)] = -np.inf  # a NaN score never wins (nor does any count after it)
-        counts = np.argmax(rates, axis=1)
+        values = gains / costs if going is None else gains - going * costs  # a rate, or tokens beyond their time
+        values[np.isnan(values)] = -np.inf  # a NaN score never wins (nor does any count after it)
+        counts = np.argmax(values, axis=1)
         return counts, gains[np.arange(rows), counts]
 
     def _counts(self, first: int, n: int) -> np.ndarray:

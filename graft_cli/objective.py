@@ -181,7 +181,10 @@ class Objective:
         paid = list(accumulate((self.draft_cost(r) for r in rows), initial=0.0))
         spent = [paid[min(level, len(rows))] for level in range(1, len(levels) + 1)]
         line = [math.exp(cum[0]) for cum, _ in levels if cum]  # the best path, one node a level (its newest: cum[0])
-        lifts = [self._lift(line[: sum(1 for cum, _ in levels[:level] if cum)]) for level in range(1, len(levels) + 1)]
+        # what calibrating the best path adds, by how many of its nodes a level has walked (one pass over the path)
+        added = np.concatenate(([0.0], np.cumsum(self.calibrated(line) - np.asarray(line)))) if line else np.zeros(1)
+        walks = list(accumulate(1 if cum else 0 for cum, _ in levels))
+        lifts = [float(added[w]) for w in walks]
         plans = self._plans(np.exp(best), spent, lifts)
         stop, last, walked = 0, None, 0
         for level, ((cum, _), plan) in enumerate(zip(levels, plans), start=1):

@@ -186,12 +186,12 @@ class Objective:
         walks = list(accumulate(1 if cum else 0 for cum, _ in levels))
         lifts = [float(added[w]) for w in walks]
         plans = self._plans(np.exp(best), spent, lifts)
-        stop, last, walked = 0, None, 0
-        for level, ((cum, _), plan) in enumerate(zip(levels, plans), start=1):
+        stop, last = 0, None
+        for level, ((cum, _), plan, walked) in enumerate(zip(levels, plans, walks), start=1):
             if cum:  # the confidence is learnt level by level, as the per-level rule learns it
                 if last is not None:
                     self.observe_confidence(last, cum[0])
-                last, walked = cum[0], walked + 1
+                last = cum[0]
             if not stop and (level >= self.max_levels or not self.extend([math.exp(c) for c in cum], plan,
                                                                           spent[level - 1], line[:walked])):
                 stop = level

@@ -23,6 +23,8 @@ reserves (``Target.prefill(ids, capacity=...)``) never reallocate.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -141,3 +143,10 @@ class PositionCache(Cache):
                 block.narrow(4, start + placed, moved).copy_(block.index_select(4, index[block.device]))
         for layer in self.layers:
             layer.filled = start + len(rows)
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The forward keyword that hands ``model`` a cache: ``cache`` in newer transformers, ``past_key_values`` in
+    older 5.x releases. Only the right one will do: the other lands in the forward's ``**kwargs`` and the model
+    silently runs without a cache."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

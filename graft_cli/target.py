@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from graft_cli.attention import use_split_attention
-from graft_cli.kv_cache import PositionCache
+from graft_cli.kv_cache import PositionCache, cache_keyword
 from graft_cli.tree import Tree
 
 PREFILL_CHUNK = 512  # prompt tokens per prefill forward (see docs/benchmarks.md, "Long context")
@@ -70,6 +70,7 @@ class Target:
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         # one KV block for all layers, unless the model is sharded (each layer's cache then stays on its device)
         self.cache = PositionCache(config.num_hidden_layers, shared=len({p.device for p in model.parameters()}) == 1)
+        self.cached = {cache_keyword(model): self.cache}  # the forward keyword argument that passes the cache
         self.length = 0  # tokens held in the cache
         self.chunk = max(1, chunk)
         self.progress = progress
@@ -94,7 +95,7 @@ class Target:
             self.progress(0, len(ids))
         with self._attention(self.prefill_attention):
             for start in range(kept, len(ids), self.chunk):
-                out = self.model(input_ids=x[:, start : start + self.chunk], cache=self.cache, use_cache=True,
+                out = self.model(input_ids=x[:, start : start + self.chunk], **self.cached, use_cache=True,
                                  output_hidden_states=hidden, logits_to_keep=1, visible=start)
                 if hidden:
                     states.append(tuple(h[0].to(self.device) for h in out.hidden_states))
@@ -126,7 +127,7 @@ class Target:
             input_ids=block[0:1],
             position_ids=block[1:2],
             attention_mask=mask,
-            cache=self.cache,
+            **self.cached,
             use_cache=True,
             output_hidden_states=hidden,
             visible=past,  # every row sees the whole cache (graft_cli/attention.py)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import io
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 from graft_cli.drafters.draft_model import DraftModelDrafter
 from graft_cli.engine import decode
 from graft_cli.graft import GraftProposer
-from graft_cli.kv_cache import PositionCache
+from graft_cli.kv_cache import PositionCache, cache_keyword
 from graft_cli.prefill_bar import PrefillBar
 from graft_cli.sampling import Sampling
 from graft_cli.target import Target
@@ -150,3 +151,23 @@ def test_smollm2_over_a_long_prompt_decodes_what_generate_does():
     whole = Target(loaded.model, chunk=2048).prefill(ids).logits[-1]
     assert (Target(loaded.model, chunk=512).prefill(ids).logits[-1] - whole).abs().max() < 1e-3
     assert tokens(Target(loaded.model, chunk=512), GraftProposer(0), ids, 24) == hf
+
+
+def test_the_cache_goes_in_under_the_keyword_the_forward_takes():
+    """transformers renamed ``past_key_values`` to ``cache`` within 5.x; the other name would be swallowed by
+    ``**kwargs`` and the model would run without its cache (what the first CUDA run met, on transformers 5.17)."""
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs):
+            return input_ids
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids=None, cache=None, use_cache=None, **kwargs):
+            return input_ids
+
+    assert cache_keyword(Old()) == "past_key_values"
+    assert cache_keyword(New()) == "cache"
+    model = tiny_model()
+    assert cache_keyword(model) in inspect.signature(model.forward).parameters
+    target = Target(model)
+    assert target.cached == {cache_keyword(model): target.cache}

@@ -126,7 +126,7 @@ class DraftCache(Target):
                                device=device)
             mask[0, 0, :, past - tree_rows :].masked_fill_(~on(tree_mask, device), torch.finfo(self.dtype).min)
         inputs = dict(input_ids=on(tokens, device)[None], position_ids=on(positions, device)[None],
-                      attention_mask=mask, cache=self.cache, use_cache=True, visible=past - tree_rows)
+                      attention_mask=mask, **self.cached, use_cache=True, visible=past - tree_rows)
         if self.head is None:
             logits = self.model(**inputs, logits_to_keep=last).logits[0]
         else:

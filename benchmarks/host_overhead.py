@@ -89,7 +89,7 @@ from graft_cli.kv_cache import PositionLayer  # noqa: E402
 from phases import DEVICE, FORWARD, Phases  # noqa: E402
 from playback import Replay, cold_caches  # noqa: E402
 from graft_cli.loading import encode, load_model, stop_ids  # noqa: E402
-from graft_cli.methods import NO_DRAFT, MethodConfig, build  # noqa: E402
+from graft_cli.methods import MethodConfig, build  # noqa: E402
 from graft_cli.prune import DEFAULT as DEFAULT_PRUNE  # noqa: E402
 from graft_cli.prune import default_floor  # noqa: E402
 from graft_cli.sampling import Sampling  # noqa: E402
@@ -381,7 +381,7 @@ def main() -> int:
     if "suffix-array" in retrievers:
         options["datastore"] = args.datastore or datastore("host-overhead", dataset.parents[1] / CORPUS)
     tmp = tempfile.TemporaryDirectory()  # the EAGLE-3 head's files, for every pass's proposer
-    draft = NO_DRAFT  # not even the head shipped for the model
+    draft = None
     if args.drafter == "model":
         draft = args.draft or args.model
     elif args.drafter == "eagle3":
@@ -394,7 +394,7 @@ def main() -> int:
                 args.read_per_level, thread_time if args.clock == "cpu" else perf_counter, args.write_kv)
     tmp.cleanup()
     kv = "as zeros in host memory" if args.write_kv else "as rows"
-    print(f"{args.model}, method {args.method}, drafter {args.drafter}{' ' + draft if draft != NO_DRAFT else ''}, "
+    print(f"{args.model}, method {args.method}, drafter {args.drafter}{' ' + draft if draft else ''}, "
           f"budget {args.budget}, depth {args.depth}, draft top-k {args.draft_top_k}, retrievers {args.retrievers}; "
           f"{len(prompts)} Spec-Bench prompts ({args.categories}), {m.tokens} tokens in {m.steps} steps "
           f"(tau {m.tokens / max(m.steps, 1):.2f}; {len(m.levels)} drafts of "

@@ -12,7 +12,7 @@ a new trace whose merit differs only by what the rules chose, on one shared cost
 tenths of a percent are then real, where the bench's timings move by several percent from run to run.
 
     GRAFT_BENCH_DATA=/work/shared/data/bench python benchmarks/step_trace.py trace /tmp/base.jsonl -- \\
-        --dataset spec-bench --limit 1 --max-new-tokens 128 --methods pld,graft --draft none --no-plots --out /tmp/tr
+        --dataset spec-bench --limit 1 --max-new-tokens 128 --methods pld,graft --no-plots --out /tmp/tr
     python benchmarks/step_trace.py merit /tmp/base.jsonl /tmp/base.jsonl /tmp/variant.jsonl
 """
 

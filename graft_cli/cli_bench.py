@@ -16,7 +16,7 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 def bench(
     ctx: typer.Context,
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Target: catalog name, HF model directory or .gguf file."),
-    draft: Optional[str] = typer.Option(None, "--draft", help="Draft model for hf-assisted and the drafter methods, or KIND:SPEC of a drafter plugin (eagle3:DIR|NAME). graft without it drafts with the EAGLE-3 head shipped for the model, if any; 'none': retrieval alone."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Draft model for hf-assisted and the drafter methods, or KIND:SPEC of a drafter plugin (eagle3:DIR|NAME)."),
     dataset: str = typer.Option("spec-bench", "--dataset", "-d", help="spec-bench, mt-bench, or a JSONL file with 'turns' or 'prompt' per line."),
     categories: Optional[str] = typer.Option(None, "--categories", help="Comma-separated categories (default: all)."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="First N questions of each category."),

@@ -21,7 +21,7 @@ def generate(
     jsonl: bool = typer.Option(False, "--jsonl", help="Input is JSONL: {id, prompt} or {id, messages} per line; output is JSONL."),
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Catalog name, HF model directory or .gguf file."),
     method: str = typer.Option("graft", "--method", help="graft, dense, pruned, rest, recycling, pld or ar (see docs/architecture.md)."),
-    draft: Optional[str] = typer.Option(None, "--draft", help="Draft model (catalog name or path), or KIND:SPEC of a drafter plugin (graft plugins list): eagle3:DIR|NAME (graft heads list). graft without it drafts with the EAGLE-3 head shipped for the model, if any; 'none': retrieval alone."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="Draft model (catalog name or path), or KIND:SPEC of a drafter plugin (graft plugins list): eagle3:DIR|NAME (graft heads list)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Verified tree nodes per step (default: 16 on CPU, 60 on CUDA), or 'auto': measured on this device once, then chosen per step. 0: no tree, one token per forward (plain decoding through the verification path; retrievers still learn)."),
     tree: Optional[str] = typer.Option(None, "--tree", help="How graft with a drafter shapes its tree: 'cost' (default: each step by expected tokens per second, docs/architecture.md) or 'fixed' (--depth levels and --prune-at checkpoints)."),
     depth: Optional[int] = typer.Option(None, "--depth", min=1, help="Draft tree levels at most (default: 8 on CPU, 7 on CUDA; 24 with --tree cost)."),
@@ -83,11 +83,7 @@ def generate(
     methods.check_datastore(config)
     truncate = parse_truncate(truncate)
     loaded = load_model(model, device, dtype, parse_device_map(device_map))
-    resolved = methods.resolve_draft(config, loaded)
-    if config.draft is None and methods.drafter_spec(resolved):
-        print(f"graft: drafting with {resolved.draft}, the EAGLE-3 head shipped for this model (--draft none: "
-              "retrieval alone)", file=sys.stderr)
-    session = _Session(loaded, resolved, sampling, max_new_tokens, seed, prefill_chunk)
+    session = _Session(loaded, config, sampling, max_new_tokens, seed, prefill_chunk)
     session.raw, session.truncate = raw, truncate
     try:
         _check_options(options, method)

@@ -10,9 +10,6 @@
 | pruned | --draft (required) | --prune-at | - |
 | graft | --draft (optional) | --prune-at | prompt, recycling (+ suffix-array with --datastore) |
 
-graft without ``--draft`` drafts with the EAGLE-3 head shipped for its target when there is one (the default
-model's: graft_cli/heads/shipped/), and retrieves only otherwise or with ``--draft none``.
-
 graft with a drafter builds its tree by cost (``--tree cost``, graft_cli/objective.py): retrieval first, the
 retrieved chain checked in the draft's first forward, draft levels only while they raise the expected tokens per
 second (up to ``--depth``, 24 by default), pruning checkpoints replaced by that rule (the expansion floor stays).
@@ -24,7 +21,6 @@ chain is kept and the rest of the budget is filled with retrieved tokens, from t
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from graft_cli.budget import DEFAULT_LATENCY, LatencyModel
@@ -49,7 +45,6 @@ RETRIEVERS = {
 }
 METHODS = tuple(RETRIEVERS)
 NEEDS_DRAFT = ("dense", "pruned")
-NO_DRAFT = "none"  # --draft none: no drafter, even where a head is shipped for the target
 TAKES_DRAFT = ("dense", "pruned", "graft")
 
 
@@ -111,33 +106,6 @@ def default_draft_top_k(device: str) -> int:
     return 8 if device.startswith("cuda") else 2
 
 
-def drafter_spec(config: MethodConfig) -> str | None:
-    """The drafter ``config`` names (KIND:SPEC or a draft model), or None."""
-    return None if config.draft in (None, NO_DRAFT) else config.draft
-
-
-def shipped_draft(loaded) -> str | None:
-    """``eagle3:NAME`` of the head shipped for ``loaded``'s model (graft_cli/heads/), or None."""
-    from graft_cli.catalog.checksums import model_checksum
-    from graft_cli.heads import shipped_head_for
-
-    try:
-        name = shipped_head_for(model_checksum(loaded.path))
-    except (GraftError, OSError, TypeError):  # a model built in memory has no checksum
-        return None
-    return f"eagle3:{name}" if name else None
-
-
-def resolve_draft(config: MethodConfig, loaded) -> MethodConfig:
-    """``config`` with its drafter settled on the loaded target: graft without ``--draft`` takes the head shipped
-    for it (measured faster than retrieval alone on the default model: docs/benchmarks.md, "Issue 17: graft drafts
-    with the shipped head"); no drafter is ``NO_DRAFT``, so that resolving again changes nothing."""
-    if config.draft is not None:
-        return config
-    draft = shipped_draft(loaded) if config.method == "graft" else None
-    return dataclasses.replace(config, draft=draft or NO_DRAFT)
-
-
 def make_retrievers(names: list[str], env: RetrieverEnv) -> list:
     return [plugins.build(name, env) for name in names]
 
@@ -147,18 +115,17 @@ def check(config: MethodConfig) -> None:
     method = config.method
     if method not in RETRIEVERS:
         raise GraftError(f"unknown method '{method}' (choose from {', '.join(METHODS)})")
-    if method in NEEDS_DRAFT and not drafter_spec(config):
+    if method in NEEDS_DRAFT and not config.draft:
         raise GraftError(f"--method {method} needs a drafter: --draft MODEL or --draft eagle3:DIR")
-    draft = drafter_spec(config)
-    if draft and method not in TAKES_DRAFT:
+    if config.draft and method not in TAKES_DRAFT:
         raise GraftError(f"--method {method} does not use a drafter (use dense, pruned or graft with --draft)")
-    if draft:
+    if config.draft:
         from graft_cli.drafters.registry import parse_draft
 
-        parse_draft(draft)  # an unknown KIND: fails here, before the model loads
+        parse_draft(config.draft)  # an unknown KIND: fails here, before the model loads
     if method == "rest" and not config.options.peek("datastore"):
         raise GraftError("--method rest retrieves from a datastore: give --datastore NAME_OR_PATH")
-    if config.chain and not drafter_spec(config):
+    if config.chain and not config.draft:
         raise GraftError("--chain needs a drafter (--draft)")
     if config.prune_at is not None and method == "dense":
         raise GraftError("--prune-at prunes the draft tree: use --method pruned or graft, not dense")
@@ -170,7 +137,7 @@ def check(config: MethodConfig) -> None:
         raise GraftError(f"--tree must be 'cost' or 'fixed', got '{config.tree}'")
     if config.curve is not None and config.curve not in DEFAULT_LATENCY:
         raise GraftError(f"curve={config.curve}: choose trees by one of {', '.join(DEFAULT_LATENCY)}'s latency curves")
-    if config.tree == "cost" and (method != "graft" or not drafter_spec(config)):
+    if config.tree == "cost" and (method != "graft" or not config.draft):
         raise GraftError("--tree cost chooses a drafter's tree: it needs --method graft and --draft")
 
 
@@ -178,7 +145,7 @@ def tree_mode(config: MethodConfig) -> str:
     """graft with a drafter builds its tree by cost unless told otherwise; every other method's is fixed."""
     if config.tree is not None:
         return config.tree
-    return "cost" if config.method == "graft" and drafter_spec(config) else "fixed"
+    return "cost" if config.method == "graft" and config.draft else "fixed"
 
 
 def check_datastore(config: MethodConfig) -> None:
@@ -198,7 +165,6 @@ def build(config: MethodConfig, loaded, latency: LatencyModel | None = None) -> 
     """The proposer for ``config`` over the target ``loaded`` (a graft_cli.loading.Loaded); ``latency``: the
     measured verification costs when the caller has them (``--budget auto``), else the device's default."""
     check(config)
-    config = resolve_draft(config, loaded)
     method = config.method
     if config.budget == "auto":  # measured latency, tree size chosen per step (graft_cli/profile.py)
         from graft_cli.profile import build_auto
@@ -211,7 +177,7 @@ def build(config: MethodConfig, loaded, latency: LatencyModel | None = None) -> 
     if method == "ar":
         return GraftProposer(0)
     drafter = None
-    if drafter_spec(config):
+    if config.draft:
         from graft_cli.drafters import registry
 
         cost = tree_mode(config) == "cost"
@@ -224,7 +190,7 @@ def build(config: MethodConfig, loaded, latency: LatencyModel | None = None) -> 
             default = "none" if cost else DEFAULT_PRUNE
             prune = PruneSchedule.parse(config.prune_at if config.prune_at is not None else default,
                                         default_floor(device))
-        kind, spec = registry.parse_draft(drafter_spec(config))
+        kind, spec = registry.parse_draft(config.draft)
         window = config.draft_window if config.draft_window is not None else default_draft_window(device)
         weights = config.draft_weights or default_draft_weights(device)
         env = registry.DrafterEnv(loaded, spec, depth, top_k, prune, config.chain, config.rope_theta, config.draft_vocab,

@@ -204,31 +204,3 @@ def test_cli_bench_rejects_bad_options(tmp_path, capsys):
     ]:
         code, _, stderr = run_cli(argv, capsys)
         assert code == 2 and message in stderr, stderr
-
-
-def test_cli_bench_graft_drafts_with_the_head_shipped_for_the_model(tmp_path, capsys, monkeypatch):
-    """graft without --draft takes the head shipped for the target, says so and fingerprints its runs by it;
-    --draft none is retrieval alone."""
-    from graft_cli import heads
-    from graft_cli.catalog.checksums import model_checksum
-    from tests.test_eagle3 import write_head
-    from tests.tiny import tiny_smollm2
-
-    monkeypatch.setenv("GRAFT_HOME", str(tmp_path / "home"))
-    model, tokenizer = tiny_smollm2(layers=3)  # an EAGLE-3 head reads three layers
-    model.save_pretrained(tmp_path / "tiny")
-    tokenizer.save_pretrained(tmp_path / "tiny")
-    head = write_head(tmp_path / "shipped" / "tiny-eagle3", model)
-    (head / "training.json").write_text(json.dumps({"target_sha256": model_checksum(tmp_path / "tiny")}))
-    monkeypatch.setattr(heads, "SHIPPED", tmp_path / "shipped")
-    args = ["bench", "--model", str(tmp_path / "tiny"), "--dataset", str(_dataset(tmp_path)), "--limit", "1",
-            "--max-new-tokens", "6", "--methods", "graft", "--no-warmup", "--no-plots"]
-    code, _, stderr = run_cli([*args, "--out", str(tmp_path / "head")], capsys)
-    assert code == 0 and "graft drafts with eagle3:tiny-eagle3" in stderr, stderr
-    results = json.loads((tmp_path / "head" / "results.json").read_text())
-    assert results["config"]["graft_draft"] == "eagle3:tiny-eagle3" and results["lossless"]["ok"]
-    assert results["summary"]["overall"]["graft"]["draft_forwards"] > 0
-    code, _, stderr = run_cli([*args, "--draft", "none", "--out", str(tmp_path / "none")], capsys)
-    assert code == 0 and "drafts with" not in stderr, stderr
-    results = json.loads((tmp_path / "none" / "results.json").read_text())
-    assert results["config"]["graft_draft"] is None and results["summary"]["overall"]["graft"]["draft_forwards"] == 0

@@ -172,31 +172,6 @@ def test_build_with_eagle3_spec(tmp_path):
     assert run(target, p, prompt, 20) == run(target, GraftProposer(0), prompt, 20)
 
 
-def test_graft_drafts_with_the_head_shipped_for_its_target(tmp_path, monkeypatch):
-    """graft without --draft takes the head whose training.json names its target's checksum; --draft none, other
-    methods and other targets take none."""
-    from graft_cli import heads
-    from graft_cli.catalog.checksums import model_checksum
-
-    target, other = target_model(), target_model(seed=1)
-    target.save_pretrained(tmp_path / "target")
-    other.save_pretrained(tmp_path / "other")
-    loaded = Loaded(target, None, tmp_path / "target", "tiny")
-    head_dir = write_head(tmp_path / "shipped" / "tiny-eagle3", target)
-    (head_dir / "training.json").write_text(json.dumps({"target_sha256": model_checksum(tmp_path / "target")}))
-    monkeypatch.setattr(heads, "SHIPPED", tmp_path / "shipped")
-
-    assert methods.resolve_draft(MethodConfig("graft"), loaded).draft == "eagle3:tiny-eagle3"
-    p = methods.build(MethodConfig("graft", 8), loaded)
-    assert isinstance(p.drafter, Eagle3Drafter) and p.objective is not None  # by cost, as with --draft
-    prompt = [1, 2, 3, 4, 5, 6]
-    assert run(target, p, prompt, 20) == run(target, GraftProposer(0), prompt, 20)
-    assert methods.build(MethodConfig("graft", 8, draft="none"), loaded).drafter is None
-    assert methods.build(MethodConfig("pld"), loaded).drafter is None
-    resolved = methods.resolve_draft(MethodConfig("graft"), Loaded(other, None, tmp_path / "other", "other"))
-    assert resolved.draft == methods.NO_DRAFT and methods.resolve_draft(resolved, loaded) == resolved
-
-
 LOADER_ERRORS = [
     (dict(drop=["midlayer.self_attn.q_proj.weight"]), "missing tensor 'midlayer.self_attn.q_proj.weight'"),
     (dict(drop=["lm_head.weight"]), "missing tensor 'lm_head.weight'"),

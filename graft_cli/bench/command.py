@@ -69,13 +69,6 @@ def _file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _head_checksum(spec: str) -> str:
-    """An EAGLE-3 head's identity in the runs' fingerprints: its weights' sha256."""
-    from graft_cli.heads import resolve_head
-
-    return _file_sha256(resolve_head(spec) / "model.safetensors")
-
-
 def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     """The whole ``graft bench``: returns the exit code (1 when a method was not lossless)."""
     from rich.console import Console
@@ -103,12 +96,11 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         questions = questions[opts.shard[0]::opts.shard[1]]
         if not questions:
             raise GraftError(f"--shard {opts.shard[0]}/{opts.shard[1]}: no questions in this shard")
-    given = None if opts.draft == methods.NO_DRAFT else opts.draft  # --draft none: no drafter at all
-    names, explicit = expand_methods(opts.methods, methods.METHODS, given)
+    names, explicit = expand_methods(opts.methods, methods.METHODS, opts.draft)
     specs = plan_methods(names, methods.METHODS, opts.budgets, opts.variants)
-    if any(s.method == "hf-assisted" for s in specs) and not given:
+    if any(s.method == "hf-assisted" for s in specs) and not opts.draft:
         raise GraftError("hf-assisted needs a draft model: give --draft MODEL")
-    kind, draft_spec = parse_draft(given) if given else (None, None)  # a bad KIND: before any load
+    kind, draft_spec = parse_draft(opts.draft) if opts.draft else (None, None)  # a bad KIND: before any load
 
     err.print(f"graft bench: {len(questions)} questions ({', '.join(categories)}) from {path}")
     loaded = load_model(opts.model, opts.device, opts.dtype, opts.device_map)
@@ -117,28 +109,25 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     draft_device = device if opts.device_map else opts.device
     draft_loaded = load_model(draft_spec, draft_device, opts.dtype) if kind == DEFAULT_KIND else None
     dtype = str(next(loaded.model.parameters()).dtype).replace("torch.", "")
-    shipped = methods.shipped_draft(loaded) if opts.draft is None and any(s.method == "graft" for s in specs) else None
-    if shipped:
-        err.print(f"graft: graft drafts with {shipped}, the EAGLE-3 head shipped for this model "
-                  "(--draft none: retrieval alone)")
     with shared_models(loaded, draft_loaded):
         runners, specs = build_runners(specs, loaded, draft_loaded, opts.options, explicit,
                                        lambda m: err.print(f"graft: {m}"), opts.method_opts, opts.draft)
     names = [s.name for s in specs]
     stop = stop_ids(loaded)
-    depth = max(reach_depth(s, opts, loaded, draft_loaded) for s in specs)
+    depth = max(reach_depth(s, opts, draft_loaded, device) for s in specs)
     limits = loaded.limits
     conv = Conversation(loaded.tokenizer, stop, lambda ids: limits.fit(ids, opts.max_new_tokens, depth, opts.truncate))
     if opts.truncate is None:
         check_reach(questions, Conversation(loaded.tokenizer, stop), limits, opts.max_new_tokens, depth)
 
     checksum = model_checksum(loaded.path)
-    draft_checksum = model_checksum(draft_loaded.path) if draft_loaded else given  # a plugin's: its spec
+    draft_checksum = model_checksum(draft_loaded.path) if draft_loaded else opts.draft  # a plugin's: its spec
     ranking = token_ranking.ranking_path(loaded.tokenizer) if draft_loaded else None  # a draft's vocabulary follows it
     ranking_sha = _file_sha256(ranking) if ranking is not None and ranking.is_file() else None
     if kind == "eagle3":
-        draft_checksum = _head_checksum(draft_spec)
-    shipped_checksum = _head_checksum(parse_draft(shipped)[1]) if shipped else None
+        from graft_cli.heads import resolve_head
+
+        draft_checksum = _file_sha256(resolve_head(draft_spec) / "model.safetensors")
     data_sha = _file_sha256(path)
     commit = _git_commit()
     env = environment(device)
@@ -152,7 +141,7 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     for s in specs:
         parts = dict(common, spec=s.as_dict())
         if uses_draft(s):
-            parts.update(draft=shipped_checksum if shipped and s.method == "graft" else draft_checksum)
+            parts.update(draft=draft_checksum)
         if s.kind == "engine" and s.method != "ar":
             parts.update(options=opts.options)
             if opts.method_opts:
@@ -250,7 +239,6 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         "argv": sys.argv,
         "model": {"spec": opts.model, "path": str(loaded.path), "checksum": checksum},
         "draft": {"spec": opts.draft, "path": str(draft_loaded.path), "checksum": draft_checksum} if draft_loaded else None,
-        "graft_draft": shipped,  # graft without --draft: the head shipped for this model, if any
         "dataset": {"spec": opts.dataset, "path": str(path), "sha256": data_sha},
         "categories": categories,
         "limit": opts.limit,
@@ -332,15 +320,13 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
     return 1 if mismatches or failed else 0
 
 
-def reach_depth(spec: MethodSpec, opts: BenchOptions, loaded, draft_loaded) -> int:
+def reach_depth(spec: MethodSpec, opts: BenchOptions, draft_loaded, device: str) -> int:
     """How far past the prompt and its answer a method's last forward reaches: its deepest tree, or the tokens a
     transformers peer looks ahead."""
-    from graft_cli import methods
     from graft_cli.limits import tree_reach
 
     if spec.kind == "engine":
-        config = methods.resolve_draft(method_config(spec, opts.options, opts.draft, opts.method_opts), loaded)
-        return tree_reach(config, loaded.device)
+        return tree_reach(method_config(spec, opts.options, opts.draft, opts.method_opts), device)
     if spec.method == "hf-assisted" and draft_loaded is not None:
         return int(getattr(draft_loaded.model.generation_config, "num_assistant_tokens", 20) or 20)
     return HF_PLD_TOKENS if spec.method == "hf-pld" else 0

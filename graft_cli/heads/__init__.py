@@ -3,14 +3,10 @@
 A head is a directory in SpecForge's layout (``config.json`` + ``model.safetensors``). ``eagle3:SPEC`` is a path
 when one exists there, else a name: the heads shipped inside the package (``graft_cli/heads/shipped/NAME``), then
 the heads trained into ``GRAFT_HOME/heads/NAME``.
-
-A shipped head records the checksum of the target it was trained for (``training.json``'s ``target_sha256``):
-``graft`` without ``--draft`` drafts with it on that target (graft_cli/methods.py).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from graft_cli.errors import GraftError
@@ -33,18 +29,6 @@ def named_heads() -> dict[str, Path]:
                 if (d / "config.json").is_file() and d.name not in found:
                     found[d.name] = d
     return found
-
-
-def shipped_head_for(checksum: str) -> str | None:
-    """The name of the head shipped for the target whose model checksum is ``checksum``, or None."""
-    for d in sorted(SHIPPED.iterdir()) if SHIPPED.is_dir() else []:
-        try:
-            record = json.loads((d / "training.json").read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(record, dict) and record.get("target_sha256") == checksum:
-            return d.name
-    return None
 
 
 def resolve_head(spec: str) -> Path:

@@ -63,7 +63,6 @@ def ship(run: Path, out: Path, command: str = "") -> Path:
     """Write the head of ``run``'s newest checkpoint to ``out`` (atomically) with its README."""
     from transformers import AutoConfig
 
-    from graft_cli.catalog.checksums import model_checksum
     from graft_cli.catalog.resolve import resolve_model
 
     latest = ckpt.latest_checkpoint(run)
@@ -76,6 +75,5 @@ def ship(run: Path, out: Path, command: str = "") -> Path:
         raise GraftError(f"cannot read the target's config: {e}") from None
     head, state = head_from_checkpoint(latest, target_config)
     record = {k: v for k, v in state.items() if k != "param_groups"}
-    record["target_sha256"] = model_checksum(resolve_model(state["settings"]["model"]))  # graft's default on it
     return ckpt.write_head(head, target_config, out, torch.bfloat16, record,
                            readme=lambda weights: readme_text(out.name, state, command, weights))

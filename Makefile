@@ -31,9 +31,15 @@ demo: install
 
 # specforge: the reference EAGLE-3 class tests/test_heads.py checks the head format against; without its own
 # dependencies, which pin another torch and sglang (its model class needs only torch and transformers)
+# and the oldest transformers pyproject.toml allows (5.17, whose forwards take the cache as past_key_values where
+# newer ones take cache): the cache and end-to-end tests again, with it first on the path
+OLDEST := .venv-oldest
 test: install
 	$(PIP) install -q --no-deps specforge==0.2.0
 	$(VENV)/bin/python -m pytest -q
+	$(PIP) install -q --upgrade --no-deps --target $(OLDEST) transformers==5.17.0
+	$(PIP) install -q --upgrade --target $(OLDEST) huggingface-hub==1.33.0 httpx
+	PYTHONPATH=$(OLDEST) $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_kv_cache.py tests/test_gpu_check.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(OLDEST) build *.egg-info

@@ -30,9 +30,9 @@ demo: install
 		--prompt "$(DEMO_PROMPT)"
 
 # specforge: the reference EAGLE-3 class tests/test_heads.py checks the head format against; without its own
-# dependencies, which pin another torch and sglang (its model class needs only torch and transformers)
-# and the oldest transformers pyproject.toml allows (5.17, whose forwards take the cache as past_key_values where
-# newer ones take cache): the cache and end-to-end tests again, with it first on the path
+# dependencies, which pin another torch and sglang (its model class needs only torch and transformers).
+# Then the cache and end-to-end tests again under the oldest transformers pyproject.toml allows (5.17, whose
+# forwards take the cache as past_key_values where newer ones take cache), installed into OLDEST, first on the path.
 OLDEST := .venv-oldest
 test: install
 	$(PIP) install -q --no-deps specforge==0.2.0

@@ -1,20 +1,12 @@
 """benchmarks/category_rule.py judges issue 17's per-category rule over passes, beside the noise floor."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "category_rule.py"
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("category_rule", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.scripts import load_script
 
 
 def results(tmp_path: Path, name: str, speedups: dict[str, dict[str, float]], tau: float = 2.0) -> Path:
@@ -27,7 +19,7 @@ def results(tmp_path: Path, name: str, speedups: dict[str, dict[str, float]], ta
 
 
 def test_passes_twins_and_the_noise_floor(tmp_path, monkeypatch, capsys):
-    rule = load()
+    rule = load_script("category_rule")
     path = results(tmp_path, "run", {
         "qa": {"pld": 1.0, "hf-pld": 1.2, "graft": 1.5, "pld-b": 1.1, "graft-b": 1.1},
         "overall": {"pld": 1.0, "hf-pld": 1.1, "graft": 1.2, "pld-b": 1.0, "graft-b": 1.3},
@@ -45,7 +37,7 @@ def test_passes_twins_and_the_noise_floor(tmp_path, monkeypatch, capsys):
 
 
 def test_other_settings_and_missing_methods_are_left_out(tmp_path, monkeypatch, capsys):
-    rule = load()
+    rule = load_script("category_rule")
     other = results(tmp_path, "other", {"overall": {"pld": 1.0, "hf-pld": 1.0, "graft": 1.1}}, tau=2.5)
     lacking = results(tmp_path, "lacking", {"overall": {"pld": 1.0, "graft": 1.1}})
     assert rule.passes([other], "graft", ["pld", "hf-pld"], "-b", 2.0) == []

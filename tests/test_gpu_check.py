@@ -1,26 +1,15 @@
 """benchmarks/gpu_check.py stays runnable: without CUDA it exits 0; --smoke runs every check on the CPU with tiny
 models and passes."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+from tests.scripts import load_script
+
 METHODS = ("ar", "pld", "recycling", "rest", "dense", "pruned", "graft", "graft-tail", "eagle3")
 
 
-def load():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_gpu_check_smoke_covers_every_method(capsys):
-    gpu_check = load()
+    gpu_check = load_script("gpu_check")
     if not torch.cuda.is_available():
         assert gpu_check.main([]) == 0
         assert "no CUDA device" in capsys.readouterr().out

@@ -1,20 +1,11 @@
 """benchmarks/gpu_projection.py prices a bench run's counts with a GPU's costs."""
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_projection.py"
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("gpu_projection", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.scripts import load_script
 
 
 def turn(decoded: int, steps: int, nodes: int = 0, forwards: int = 0) -> dict:
@@ -28,7 +19,7 @@ def test_a_run_is_priced_by_the_gpu_curve(tmp_path, monkeypatch, capsys):
                {"method": "graft", "turns": [turn(10, 5, nodes=20, forwards=10)]},  # 4 nodes, 2 draft forwards a step
                {"method": "dense", "turns": [turn(10, 2, nodes=2 * 127)]}]  # 127 nodes a step: 128 tokens fed
     runs.write_text("".join(json.dumps(r) + "\n" for r in records))
-    projection = load()
+    projection = load_script("gpu_projection")
     table = projection.project(records, projection.LatencyModel.default("cuda"), share=0.1)
     assert table["ar"]["speedup"] == pytest.approx(1.0) and table["ar"]["tau"] == 1.0
     assert table["graft"]["tau"] == 2.0 and table["graft"]["nodes_per_step"] == 4.0

@@ -4,12 +4,12 @@ profile is measured before the record, so the replays still match it."""
 from graft_cli.catalog.home import graft_home
 from graft_cli.loading import load_model
 from graft_cli.methods import MethodConfig
-from tests.test_gpu_check import load
+from tests.scripts import load_script
 
 
 def test_a_fresh_home_profiles_before_the_record(tmp_path, monkeypatch):
     monkeypatch.setenv("GRAFT_HOME", str(tmp_path / "home"))
-    gpu_check = load()  # puts benchmarks/ on sys.path, beside it
+    gpu_check = load_script("gpu_check")  # puts benchmarks/ on sys.path, beside it
     import host_overhead
     target_dir, _ = gpu_check.synthetic_dirs(tmp_path, gpu_check.SMOKE)
     loaded = load_model(str(target_dir), "cpu", "float32")
@@ -25,7 +25,7 @@ def test_a_replay_advances_the_caches_rows_without_moving_keys(tmp_path, monkeyp
     (the zeros of ``write_kv`` would evict the host code's caches); both ways decode the record's tokens, which
     ``measure`` checks, in as many steps."""
     monkeypatch.setenv("GRAFT_HOME", str(tmp_path / "home"))
-    gpu_check = load()
+    gpu_check = load_script("gpu_check")
     import host_overhead
     target_dir, _ = gpu_check.synthetic_dirs(tmp_path, gpu_check.SMOKE)
     loaded = load_model(str(target_dir), "cpu", "float32")

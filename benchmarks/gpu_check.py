@@ -13,12 +13,21 @@
      computed from the target, by total variation below the 99.9% quantile of pure sampling noise.
 2. FlashAttention prefill (when flash-attn is installed) against SDPA's logits.
 3. Verification latency by tree size (1 to 256 tokens) of a Llama-3-8B-shaped model, random weights from a
-   config, over a 512-token KV cache.
+   config, over a 512-token KV cache; then trees whose size and cache length change every call, as decoding
+   runs them, under graft's attention kernels and with cuDNN's attention allowed (it plans per shape:
+   graft_cli/attention_kernels.py). Before it, which SDPA kernel a tree's masked attention gets.
 4. Host milliseconds and device reads per step of graft with a draft model at the CUDA defaults, the forwards
    played back (benchmarks/host_overhead.py).
 
     python benchmarks/gpu_check.py            # on a CUDA machine; prints one table, exit 1 if a check failed
     python benchmarks/gpu_check.py --smoke    # the same code on the CPU with tiny models (CI: under a minute)
+    python benchmarks/gpu_check.py --skip sampling,latency --out DIR   # a shorter second look, kept in DIR
+
+In bf16 the synthetic model's logits (around 16-32, where bf16 steps by 0.125) tie often, and a tie ends what
+the greedy check can compare. So a bf16/fp16 run follows with the same greedy check in fp32 on the same device
+(``exact``: 4 prompts of 64 tokens), where ties are rare and every token is compared. ``--out DIR`` keeps
+``gpu_check.json``: the table, each method's whole summary (steps, draft forwards, nodes verified and accepted by
+source, seconds by phase) and the host row's phases, for finding where a step's time went.
 
 Without CUDA and without --smoke it says so and exits 0.
 """
@@ -31,17 +40,21 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
+from torch.nn.attention import SDPBackend
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # host_overhead.py, beside this file
 
 from graft_cli import methods  # noqa: E402
+from graft_cli.attention_kernels import attention_kernels  # noqa: E402
 from graft_cli.bench.datasets import Question  # noqa: E402
 from graft_cli.bench.execution import Conversation, execute, warm_up  # noqa: E402
 from graft_cli.bench.results import summarize  # noqa: E402
@@ -82,6 +95,8 @@ class Scale:
 GPU = Scale(1024, 512, 6, 8, 128, 400, LLAMA3_8B, (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256), 512, 10, "bfloat16", None)
 SMOKE = Scale(97, 64, 6, 3, 24, 80, dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, vocab_size=97), (1, 4, 16), 64, 3, "float32", 3)
+PARTS = ("greedy", "sampling", "exact", "latency", "host")  # what --skip can leave out
+EXACT = (4, 64)  # prompts and new tokens of the fp32 greedy pass that follows a bf16/fp16 run
 SAMPLING = Sampling(temperature=0.8, top_k=8, top_p=0.95)  # every part of the distribution code, a small support
 
 
@@ -90,6 +105,7 @@ class Table:
 
     def __init__(self) -> None:
         self.rows: list[tuple[str, bool | None, str]] = []
+        self.details: dict[str, object] = {}  # what --out keeps besides the rows
 
     def add(self, check: str, ok: bool | None, figures: str) -> None:
         self.rows.append((check, ok, figures))
@@ -174,6 +190,7 @@ def check_greedy(table: Table, loaded, conv, questions, scale: Scale, names: lis
     dtype = str(next(loaded.model.parameters()).dtype).replace("torch.", "")
     lossless = report(records, dtype)
     summary = summarize(records, names, ["synthetic"])["overall"]
+    table.details.setdefault("greedy", {})[dtype] = summary
     for name in names:
         found = [d for d in lossless["mismatches"] + lossless["ties"] if d["method"] == name]
         ties = [f"q{d['question_id']} token {d['position']} margin {d['ar_margin']:.3g}" for d in found if d["tie"]]
@@ -222,7 +239,7 @@ def check_sampling(table: Table, loaded, conv, questions, scale: Scale, runs: li
                   f"({scale.samples} runs; noise alone stays under {bound:.3f} 99.9% of the time)")
 
 
-def check_methods(table: Table, device: str, dtype: str, scale: Scale) -> None:
+def check_methods(table: Table, device: str, dtype: str, scale: Scale, skip: set[str], flash: bool = True) -> None:
     with tempfile.TemporaryDirectory(prefix="graft-gpu-check-") as tmp:
         root = Path(tmp)
         target_dir, head = synthetic_dirs(root, scale)
@@ -234,9 +251,12 @@ def check_methods(table: Table, device: str, dtype: str, scale: Scale) -> None:
         runs = runners(loaded, method_configs(target_dir, head, store, scale.depth))
         names = [r.name for r in runs]
         warm_up(runs, conv)
-        check_greedy(table, loaded, conv, questions, scale, names, runs)
-        check_sampling(table, loaded, conv, questions, scale, runs)
-        check_flash_prefill(table, loaded.model)
+        if "greedy" not in skip:
+            check_greedy(table, loaded, conv, questions, scale, names, runs)
+        if "sampling" not in skip:
+            check_sampling(table, loaded, conv, questions, scale, runs)
+        if flash:
+            check_flash_prefill(table, loaded.model)
         for r in runs:
             if isinstance(r, EngineRunner):
                 r.close()
@@ -288,7 +308,50 @@ def check_latency(table: Table, shape: dict, device: str, dtype: torch.dtype, sc
         base = base or ms
         table.add(f"verify {size} tokens", None, f"{ms:.2f} ms, {ms / base:.2f}x one token ({params:.2f}B params, "
                   f"{str(dtype).replace('torch.', '')}, {scale.past}-token cache, median of {scale.repeats})")
+    check_new_shapes(table, target, config.vocab_size, scale, sync)
     del model, target
+
+
+def check_new_shapes(table: Table, target: Target, vocab: int, scale: Scale, sync: Callable[[], None]) -> None:
+    """Verification as decoding runs it: the tree's size and the cache's length change every call, so a kernel
+    that plans per problem shape (cuDNN's attention) plans every call. Timed under graft's kernels
+    (graft_cli/attention_kernels.py) and again with cuDNN's attention allowed, on the same shapes."""
+    largest = max(scale.sizes) // 4
+    past = list(range(1, scale.past + 1))
+    medians = []
+    for kernels in (target.kernels, nullcontext()):
+        target.kernels, rng, times = kernels, np.random.default_rng(1), []
+        target.prefill(past, capacity=scale.past + (2 * scale.repeats + 1) * (largest + 1))
+        for _ in range(2 * scale.repeats):
+            size = int(rng.integers(2, largest + 1))
+            tree = random_tree(size - 1, vocab, rng)
+            sync()
+            t0 = time.perf_counter()
+            target.verify(int(rng.integers(vocab)), tree)
+            sync()
+            times.append(time.perf_counter() - t0)
+            target.keep(list(range(int(rng.integers(1, size + 1)))), size)  # a step's accepted rows stay
+        medians.append(statistics.median(times) * 1000)
+    table.add("verify, a new shape each call", None,
+              f"{medians[0]:.2f} ms under graft's attention kernels, {medians[1]:.2f} ms with cuDNN's attention "
+              f"allowed ({medians[1] / medians[0]:.2f}x; trees of 2-{largest} tokens, median of {2 * scale.repeats})")
+
+
+def check_attention_kernel(table: Table, device: str, dtype: torch.dtype) -> None:
+    """Which SDPA kernel a tree's masked attention gets: torch's own choice, and under graft's switch."""
+    names = {b.value: b.name.lower().replace("_attention", "") for b in
+             (SDPBackend.ERROR, SDPBackend.MATH, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+              SDPBackend.CUDNN_ATTENTION)}
+    q = torch.randn(1, 8, 7, 64, device=device, dtype=dtype)
+    kv = torch.randn(1, 8, 519, 64, device=device, dtype=dtype)
+    mask = torch.zeros(1, 1, 7, 519, device=device, dtype=dtype)
+    default = torch._fused_sdp_choice(q, kv, kv, mask)
+    with attention_kernels(torch.device(device)):
+        graft = torch._fused_sdp_choice(q, kv, kv, mask)
+    name = str(dtype).replace("torch.", "")
+    table.add("attention kernel", None if device == "cpu" else graft != SDPBackend.CUDNN_ATTENTION.value,
+              f"a 7-row tree mask over 519 keys in {name}: torch picks {names.get(default, default)}, graft's "
+              f"forwards {names.get(graft, graft)}")
 
 
 # --- 4. host overhead --------------------------------------------------------------------------------------------
@@ -306,6 +369,9 @@ def check_host_overhead(table: Table, device: str, dtype: str, scale: Scale) -> 
         config = MethodConfig("graft", budget=60, depth=7, draft_top_k=8, retrievers=["prompt", "recycling"],
                               draft=str(target_dir), prune_at=f"{DEFAULT_PRUNE},floor:{default_floor('cuda')}")
         m = measure(loaded, ids, config, scale.new_tokens, repeat=1 if device == "cpu" else 3)
+    per_step = {"ms": (m.time, 1e3), "torch_calls": (m.calls, 1), "reads": (m.reads, 1)}
+    table.details["host"] = {"steps": m.steps, **{name: {p: round(scale_ * v / m.steps, 4) for p, v in counts.items()}
+                                                  for name, (counts, scale_) in per_step.items()}}
     table.add("host ms/step", None, f"{m.host_ms:.2f} ms, {m.syncs:.2f} device reads per step (graft, draft model, "
               f"{m.steps} steps, forwards played back; targets 1.5 ms and 3 reads)")
 
@@ -314,22 +380,49 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="the same checks on the CPU with tiny models")
     parser.add_argument("--device", default=None, help="default: cuda (cpu with --smoke)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                        help="default: bfloat16 on the GPU, float32 with --smoke")
+    parser.add_argument("--prompts", type=int, default=None, help="prompts per method (default: 8; 3 with --smoke)")
+    parser.add_argument("--new-tokens", type=int, default=None, help="per prompt (default: 128; 24 with --smoke)")
+    parser.add_argument("--skip", default="", help=f"checks to leave out, comma-separated: {','.join(PARTS)}")
+    parser.add_argument("--out", type=Path, default=None, help="a folder to keep gpu_check.json in")
     args = parser.parse_args(argv)
+    skip = {s for s in args.skip.split(",") if s}
+    if skip - set(PARTS):
+        parser.error(f"--skip: unknown {', '.join(sorted(skip - set(PARTS)))} (choose from {', '.join(PARTS)})")
     device = args.device or ("cpu" if args.smoke else "cuda")
     if device.startswith("cuda") and not torch.cuda.is_available():
         print("no CUDA device here: nothing to check (run this on a machine with a GPU, or give --smoke)")
         return 0
     scale = SMOKE if args.smoke else GPU
+    scale = replace(scale, dtype=args.dtype or scale.dtype, prompts=args.prompts or scale.prompts,
+                    new_tokens=args.new_tokens or scale.new_tokens)
     dtype = scale.dtype
     if args.smoke:
         torch.set_num_threads(1)  # tiny models run fastest on one thread
     table, started = Table(), time.perf_counter()
-    check_methods(table, device, dtype, scale)
-    check_latency(table, scale.latency_shape, device, getattr(torch, dtype), scale)
-    check_host_overhead(table, device, dtype, scale)
+    if not {"greedy", "sampling"} <= skip:
+        check_methods(table, device, dtype, scale, skip)
+    if "exact" not in skip and dtype != "float32":  # bf16's coarse logits tie often: fp32 checks every token
+        exact = replace(scale, dtype="float32", prompts=min(scale.prompts, EXACT[0]),
+                        new_tokens=min(scale.new_tokens, EXACT[1]))
+        check_methods(table, device, "float32", exact, skip | {"sampling"}, flash=False)
+    if "latency" not in skip:
+        check_attention_kernel(table, device, getattr(torch, dtype))
+        check_latency(table, scale.latency_shape, device, getattr(torch, dtype), scale)
+    if "host" not in skip:
+        check_host_overhead(table, device, dtype, scale)
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "CPU"
-    table.print(f"gpu_check{' --smoke' if args.smoke else ''} on {name} ({device}, {dtype}): "
-                f"{'all checks passed' if table.ok else 'A CHECK FAILED'} in {time.perf_counter() - started:.0f} s")
+    title = (f"gpu_check{' --smoke' if args.smoke else ''} on {name} ({device}, {dtype}): "
+             f"{'all checks passed' if table.ok else 'A CHECK FAILED'} in {time.perf_counter() - started:.0f} s")
+    table.print(title)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        kept = {"title": title, "argv": sys.argv[1:] if argv is None else argv,
+                "torch": torch.__version__, "rows": table.rows, **table.details}
+        tmp = args.out / "gpu_check.json.tmp"
+        tmp.write_text(json.dumps(kept, indent=1))
+        tmp.replace(args.out / "gpu_check.json")
     return 0 if table.ok else 1
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from graft_cli.attention import use_split_attention
+from graft_cli.attention_kernels import attention_kernels
 from graft_cli.kv_cache import PositionCache, cache_keyword
 from graft_cli.tree import Tree
 
@@ -78,6 +79,7 @@ class Target:
         # FlashAttention cannot take a tree mask, but the prefill's plain causal mask suits it
         cuda = self.device.type == "cuda" and self.dtype in (torch.float16, torch.bfloat16)
         self.prefill_attention = "flash_attention_2" if cuda and find_spec("flash_attn") else None
+        self.kernels = attention_kernels(self.device)  # what every forward runs under (no per-shape plans)
         if self.device.type == "cpu":  # every row of a step or a chunk sees the whole cache: split the attention
             use_split_attention(model)
 
@@ -93,7 +95,7 @@ class Target:
         states: list[tuple[torch.Tensor, ...]] = []
         if self.progress is not None:
             self.progress(0, len(ids))
-        with self._attention(self.prefill_attention):
+        with self._attention(self.prefill_attention), self.kernels:
             for start in range(kept, len(ids), self.chunk):
                 out = self.model(input_ids=x[:, start : start + self.chunk], **self.cached, use_cache=True,
                                  output_hidden_states=hidden, logits_to_keep=1, visible=start)
@@ -123,15 +125,16 @@ class Target:
         if len(tree):  # a lone root is plain causal decoding: no mask, exactly as `generate` runs it
             mask = torch.zeros((1, 1, n, past + n), dtype=self.dtype, device=self.device)
             mask[0, 0, :, past:].masked_fill_(block[2:] == 0, torch.finfo(self.dtype).min)
-        out = self.model(
-            input_ids=block[0:1],
-            position_ids=block[1:2],
-            attention_mask=mask,
-            **self.cached,
-            use_cache=True,
-            output_hidden_states=hidden,
-            visible=past,  # every row sees the whole cache (graft_cli/attention.py)
-        )
+        with self.kernels:
+            out = self.model(
+                input_ids=block[0:1],
+                position_ids=block[1:2],
+                attention_mask=mask,
+                **self.cached,
+                use_cache=True,
+                output_hidden_states=hidden,
+                visible=past,  # every row sees the whole cache (graft_cli/attention.py)
+            )
         self.length = past + n
         return self._forward(out, hidden)
 

@@ -1,6 +1,8 @@
 """benchmarks/gpu_check.py stays runnable: without CUDA it exits 0; --smoke runs every check on the CPU with tiny
 models and passes."""
 
+import json
+
 import torch
 
 from tests.scripts import load_script
@@ -15,8 +17,21 @@ def test_gpu_check_smoke_covers_every_method(capsys):
         assert "no CUDA device" in capsys.readouterr().out
     assert gpu_check.main(["--smoke"]) == 0
     out = capsys.readouterr().out
-    assert "all checks passed" in out and out.count("\n| ") == 1 + 2 * len(METHODS) + 1 + 1 + 3 + 1  # header, rows
+    assert "all checks passed" in out and out.count("\n| ") == 1 + 2 * len(METHODS) + 1 + 1 + 1 + 3 + 1 + 1  # header, rows
     for name in METHODS:
         assert f"| greedy {name} (" in out and f"| sampling {name} | ok |" in out
     assert "| greedy hf (float32) | ok | 3/3 identical" in out and "| verify 16 tokens |" in out
-    assert "| host ms/step |" in out
+    assert "| host ms/step |" in out and "| attention kernel | - |" in out and "| verify, a new shape each call |" in out
+
+
+def test_a_half_precision_run_checks_greedy_again_in_fp32(tmp_path):
+    """bf16's ties end what its greedy check compares; the fp32 pass that follows compares every token."""
+    gpu_check = load_script("gpu_check")
+    argv = ["--smoke", "--dtype", "bfloat16", "--skip", "sampling,latency,host", "--prompts", "1", "--new-tokens", "8",
+            "--out", str(tmp_path)]
+    assert gpu_check.main(argv) == 0
+    kept = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert set(kept["greedy"]) == {"bfloat16", "float32"} and kept["argv"] == argv
+    rows = [row[0] for row in kept["rows"]]
+    assert "greedy pld (bfloat16)" in rows and "greedy pld (float32)" in rows and rows.count("flash prefill") == 1
+    assert not any(row[0].startswith("sampling") for row in kept["rows"])

@@ -127,14 +127,15 @@ class DraftCache(Target):
             mask[0, 0, :, past - tree_rows :].masked_fill_(~on(tree_mask, device), torch.finfo(self.dtype).min)
         inputs = dict(input_ids=on(tokens, device)[None], position_ids=on(positions, device)[None],
                       attention_mask=mask, **self.cached, use_cache=True, visible=past - tree_rows)
-        if self.head is None:
-            logits = self.model(**inputs, logits_to_keep=last).logits[0]
-        else:
-            hidden = self.model.get_decoder()(**inputs).last_hidden_state[0]
-            rows = hidden[-last:] if last else hidden
-            logits = self.head(rows)
-            if self.extra is not None:
-                logits = torch.cat([logits, self.extra(rows)], dim=-1)
+        with self.kernels:
+            if self.head is None:
+                logits = self.model(**inputs, logits_to_keep=last).logits[0]
+            else:
+                hidden = self.model.get_decoder()(**inputs).last_hidden_state[0]
+                rows = hidden[-last:] if last else hidden
+                logits = self.head(rows)
+                if self.extra is not None:
+                    logits = torch.cat([logits, self.extra(rows)], dim=-1)
         self.length = past + tokens.shape[0]
         return logits
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from graft_cli.attention_kernels import attention_kernels
 from graft_cli.drafters import TreeDrafter, positions
 from graft_cli.errors import GraftError
 from graft_cli.kv_cache import PositionCache
@@ -144,6 +145,7 @@ class Eagle3Head:
         self.inv_freq = rope_frequencies(cfg, device)
         self.act = ACTIVATIONS[cfg.act]
         self.cache = PositionCache(1)
+        self.kernels = attention_kernels(device)  # no per-shape attention plans (graft_cli/attention_kernels.py)
         self.reset()
 
     @property
@@ -200,7 +202,9 @@ class Eagle3Head:
         keys, values = self.cache.layers[0].update(k[None], v[None])
         bias = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         bias.masked_fill_(~on(allowed, self.device), torch.finfo(self.dtype).min)
-        attn = F.scaled_dot_product_attention(q[None], keys, values, attn_mask=bias[None, None], enable_gqa=True)[0]
+        with self.kernels:
+            attn = F.scaled_dot_product_attention(q[None], keys, values, attn_mask=bias[None, None],
+                                                  enable_gqa=True)[0]
         h = hidden + F.linear(attn.transpose(0, 1).reshape(t, c.heads * c.head_dim), w["midlayer.self_attn.o_proj.weight"])
         y = self._norm(h, "midlayer.post_attention_layernorm.weight")
         mlp = self.act(F.linear(y, w["midlayer.mlp.gate_proj.weight"])) * F.linear(y, w["midlayer.mlp.up_proj.weight"])

@@ -339,9 +339,9 @@ def check_new_shapes(table: Table, target: Target, vocab: int, scale: Scale, syn
 
 def check_attention_kernel(table: Table, device: str, dtype: torch.dtype) -> None:
     """Which SDPA kernel a tree's masked attention gets: torch's own choice, and under graft's switch."""
-    names = {b.value: b.name.lower().replace("_attention", "") for b in
-             (SDPBackend.ERROR, SDPBackend.MATH, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-              SDPBackend.CUDNN_ATTENTION)}
+    def named(choice: int) -> str:
+        return SDPBackend(choice).name.lower().replace("_attention", "")
+
     q = torch.randn(1, 8, 7, 64, device=device, dtype=dtype)
     kv = torch.randn(1, 8, 519, 64, device=device, dtype=dtype)
     mask = torch.zeros(1, 1, 7, 519, device=device, dtype=dtype)
@@ -350,8 +350,8 @@ def check_attention_kernel(table: Table, device: str, dtype: torch.dtype) -> Non
         graft = torch._fused_sdp_choice(q, kv, kv, mask)
     name = str(dtype).replace("torch.", "")
     table.add("attention kernel", None if device == "cpu" else graft != SDPBackend.CUDNN_ATTENTION.value,
-              f"a 7-row tree mask over 519 keys in {name}: torch picks {names.get(default, default)}, graft's "
-              f"forwards {names.get(graft, graft)}")
+              f"a 7-row tree mask over 519 keys in {name}: torch picks {named(default)}, graft's "
+              f"forwards {named(graft)}")
 
 
 # --- 4. host overhead --------------------------------------------------------------------------------------------
@@ -369,9 +369,11 @@ def check_host_overhead(table: Table, device: str, dtype: str, scale: Scale) -> 
         config = MethodConfig("graft", budget=60, depth=7, draft_top_k=8, retrievers=["prompt", "recycling"],
                               draft=str(target_dir), prune_at=f"{DEFAULT_PRUNE},floor:{default_floor('cuda')}")
         m = measure(loaded, ids, config, scale.new_tokens, repeat=1 if device == "cpu" else 3)
-    per_step = {"ms": (m.time, 1e3), "torch_calls": (m.calls, 1), "reads": (m.reads, 1)}
-    table.details["host"] = {"steps": m.steps, **{name: {p: round(scale_ * v / m.steps, 4) for p, v in counts.items()}
-                                                  for name, (counts, scale_) in per_step.items()}}
+    def per_step(counts, unit: float = 1.0) -> dict[str, float]:
+        return {phase: round(unit * value / m.steps, 4) for phase, value in counts.items()}
+
+    table.details["host"] = {"steps": m.steps, "ms": per_step(m.time, 1e3), "torch_calls": per_step(m.calls),
+                             "reads": per_step(m.reads)}
     table.add("host ms/step", None, f"{m.host_ms:.2f} ms, {m.syncs:.2f} device reads per step (graft, draft model, "
               f"{m.steps} steps, forwards played back; targets 1.5 ms and 3 reads)")
 

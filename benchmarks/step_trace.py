@@ -106,11 +106,11 @@ def merit(reference: str, traces: list[str], own_host: bool = False) -> None:
         named = any("method" in s for s in steps)  # then warm-up steps (no method) are left out
         groups: dict[str, list[dict]] = defaultdict(list)
         for s in steps:
-            if named and "method" in s:
-                groups[s["method"]].append(s)
-            elif not named:
-                groups[f"retrievers={s['retrievers']}"].append(s)
+            name = s.get("method") if named else f"retrievers={s['retrievers']}"
+            if name:
+                groups[name].append(s)
         for name, mine in sorted(groups.items()):
+            label = name if len(traces) == 1 else f"{Path(path).stem}/{name}"
             tokens = sum(s["tokens"] for s in mine)
             print(f"{path} {name}: {len(mine)} steps, tau {tokens / len(mine):.3f}, nodes "
                   f"{sum(s['nodes'] for s in mine) / len(mine):.2f}, merit {tokens / sum(map(cost, mine)):.2f} tok/s")
@@ -119,7 +119,6 @@ def merit(reference: str, traces: list[str], own_host: bool = False) -> None:
                 by_category[s.get("category", "")].append(s)
             for category, rows in by_category.items():
                 if category:
-                    label = name if len(traces) == 1 else f"{Path(path).stem}/{name}"
                     rates[category][label] = sum(s["tokens"] for s in rows) / sum(map(cost, rows))
     labels = sorted({label for row in rates.values() for label in row})
     if len(labels) > 1:

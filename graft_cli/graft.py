@@ -107,13 +107,13 @@ class GraftProposer:
         self.failed: set[str] = set()  # retrievers that raised (warned about once)
         self.objective = objective  # with a drafter: the cost-aware tree builder (else fixed depth and pruning)
         self._step: _Pending | None = None
-        self._end = 0  # the context length at which the request ends (its last new token)
+        self._prompt, self._end = 0, 0  # the request's prompt length, and the context length at its limit
         self._joined = False  # whether the drafter has drafted in this request (read its prompt)
         self._alone = (0, 0.0, 0)  # this request's steps before it: accepted tokens, verification cost, steps
 
     def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
         self.trace = []
-        self._end, self._joined, self._alone = capacity - ROOM, False, (0, 0.0, 0)
+        self._prompt, self._end, self._joined, self._alone = len(prompt), capacity - ROOM, False, (0, 0.0, 0)
         if self.drafter:
             self.drafter.start(prompt, prefill, capacity)
         for retriever in self.retrievers:
@@ -154,7 +154,8 @@ class GraftProposer:
         bucket = objective.bucket(ranked)
         tree, drafted = Tree(), objective.should_draft(bucket)
         if drafted and not self._joined:  # a drafter joins a request only when that pays for reading its prompt
-            unread, remaining = drafter.unread(context), self._end - len(context)
+            unread = drafter.unread(context)
+            remaining = objective.expected_remaining(len(context) - self._prompt, self._end - len(context))
             drafted = self._joined = not unread or objective.should_join(self._alone, unread, remaining, ranked)
         line: list[int] = []
         line_probs: list[float] = []

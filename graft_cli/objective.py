@@ -6,7 +6,8 @@ target accepts its whole path). Every choice of the tree builder is this one rat
 
 - **whether a drafter joins a request**: a draft model reads a request's prompt only when it first drafts. It
   joins when finishing the request at drafting's rate instead of retrieval's rate in this one saves
-  ``JOIN_MARGIN`` times what reading the prompt costs. Retrieval's rate is measured on ``TRIAL`` steps of
+  ``JOIN_MARGIN`` times what reading the prompt costs, the request expected to run as long again as it has so
+  far (at least ``HORIZON`` tokens): a long prompt is read once its answer has shown it is long. Retrieval's rate is measured on ``TRIAL`` steps of
   retrieval alone when the prompt costs more than a target forward to read; a shorter one is judged at once, on
   the first step's retrieval estimate. Drafting's rate is what every drafted step of earlier requests reached
   together (tokens over costs, pooled: a rarely seen confidence bucket cannot speak for it). Until drafting has
@@ -56,9 +57,9 @@ TRIAL = 3  # steps of retrieval alone before a drafter may join a request whose 
 # forward to read
 EVIDENCE = 16  # drafted steps measured (a bench's warm-up gives a few) before drafting's own rate is trusted
 # what joining must save, in multiples of what it costs: both sides are estimated in its favour (a long prompt's
-# prefill is priced by the latency curve's last slope, while attention makes it grow faster; ``remaining`` is the
-# most new tokens a request may take, and answers often end sooner)
+# prefill is priced by the latency curve's last slope, while attention makes it grow faster)
 JOIN_MARGIN = 2.0
+HORIZON = 32  # new tokens a request is expected to take at the least, when a drafter's joining is judged
 # the draft's calibration: how often the target accepts a drafted token, by the draft's own probability of it given
 # its parent (bins from these lower edges). A well-aligned draft model is right far more often than its own
 # probabilities say at 0.4-0.9 (Qwen2.5-Coder 0.5B under 1.5B on Spec-Bench math: 85-95%), and less often than
@@ -239,6 +240,14 @@ class Objective:
             tokens, cost = tokens + plan.rate * here, cost + here
         saved = remaining * (cost / max(tokens, 1) - 1.0 / self.drafting_rate())  # latency units, at each rate
         return saved > JOIN_MARGIN * reading
+
+    @staticmethod
+    def expected_remaining(written: int, most: int) -> int:
+        """The new tokens a request is expected still to take, ``written`` taken and ``most`` the limit: as many
+        again (an answer's length is unknown, and one that has run ``g`` tokens is as likely to end within ``g``
+        more as to run past them), at least ``HORIZON``. Assuming the limit instead made the draft model read
+        700-token rag prompts for 12-20-token answers (docs/benchmarks.md)."""
+        return min(most, max(written, HORIZON))
 
     def drafting_rate(self) -> float:
         """Accepted tokens per latency unit of the drafted steps measured so far: pooled (a rarely seen

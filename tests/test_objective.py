@@ -16,7 +16,7 @@ from graft_cli.engine import decode
 from graft_cli.errors import GraftError
 from graft_cli.graft import GraftProposer
 from graft_cli.methods import MethodConfig
-from graft_cli.objective import EVIDENCE, EXPLORE, TRIAL, Objective
+from graft_cli.objective import EVIDENCE, EXPLORE, HORIZON, TRIAL, Objective
 from graft_cli.prune import PruneSchedule
 from graft_cli.sampling import Sampling
 from graft_cli.stats import Stats
@@ -182,6 +182,21 @@ def test_a_drafter_joins_a_request_only_when_finishing_faster_pays_for_its_promp
     assert lucky.rate(7, True) > 5 * lucky.rate(3, True)  # a mean over buckets would take it at its word (~20)
     assert lucky.drafting_rate() < 2  # pooled over steps it is one step of 16
     assert not lucky.should_join((2 * TRIAL, float(TRIAL), TRIAL), rows=10, remaining=100)  # retrieval: 2 a unit
+
+
+def test_a_long_prompt_is_read_only_once_its_answer_has_run_long_enough_to_pay_for_it():
+    """A request is expected to run as long again as it has (at least ``HORIZON`` tokens, never past its limit),
+    so a drafter joins a 500-token prompt only once the answer is long, where reading 64 tokens pays at once."""
+    assert Objective.expected_remaining(5, 500) == HORIZON
+    assert Objective.expected_remaining(80, 500) == 80
+    assert Objective.expected_remaining(80, 20) == 20
+    objective = Objective(FLAT)
+    for _ in range(EVIDENCE):
+        objective.measured(3, True, 4, 8, 0.1, 0.3, [1, 1, 1])  # drafting: 0.94 tokens a unit
+    weaker = (TRIAL, 2.0 * TRIAL, TRIAL)  # retrieval alone: 0.5 tokens a unit
+    joins = {rows: [objective.should_join(weaker, rows, objective.expected_remaining(written, 500))
+                    for written in (5, 32, 64, 128)] for rows in (64, 500)}
+    assert joins == {64: [True] * 4, 500: [False, False, False, True]}
 
 
 class Clocked(Objective):

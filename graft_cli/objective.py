@@ -7,9 +7,9 @@ target accepts its whole path). Every choice of the tree builder is this one rat
 - **whether a drafter joins a request**: a draft model reads a request's prompt only when it first drafts. It
   joins when finishing the request at drafting's rate instead of retrieval's rate in this one saves
   ``JOIN_MARGIN`` times what reading the prompt costs, the request expected to run as long again as it has so
-  far (at least ``HORIZON`` tokens): a long prompt is read once its answer has shown it is long. Retrieval's rate is measured on ``TRIAL`` steps of
-  retrieval alone when the prompt costs more than a target forward to read; a shorter one is judged at once, on
-  the first step's retrieval estimate. Drafting's rate is what every drafted step of earlier requests reached
+  far (at least ``HORIZON`` tokens): a long prompt is read once its answer has shown it is long. Retrieval's
+  rate is measured on ``TRIAL`` steps of retrieval alone when the prompt costs more than a target forward to
+  read; a shorter one is judged at once, on the first step's retrieval estimate. Drafting's rate is what every drafted step of earlier requests reached
   together (tokens over costs, pooled: a rarely seen confidence bucket cannot speak for it). Until drafting has
   been measured on ``EVIDENCE`` steps it joins at once: what a drafter gives is learnt by drafting. A summary's
   article already holds most of its answer, and then the draft model is never paid for;

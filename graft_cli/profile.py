@@ -28,18 +28,14 @@ from graft_cli.limits import limits
 if TYPE_CHECKING:
     from graft_cli.graft import GraftProposer
 
-# every count to 8: a CPU forward's cost is a staircase, not a line. It is flat to 6 fed tokens and a step
-# dearer (an eighth to a third) at 7, for SmolLM2-135M and both Qwen2.5-Coder models here; a curve drawn between 4
-# and 8 charges the small trees prompt lookups verify for rows that cost nothing (docs/benchmarks.md)
-CPU_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 64)
+CPU_SIZES = (1, 2, 4, 8, 16, 32, 64)
 CUDA_SIZES = (1, 2, 4, 8, 16, 32, 64, 96, 128)
 CONTEXT = 320  # tokens in the KV cache while measuring
 LONG_CONTEXT = 2048  # ... and again, for what the context adds (two sizes)
 LONG_SIZES = (1, 16)
 REPEATS = 5
 NOISY = 0.5  # timings spread above this: warn that the machine was busy
-# 5: every CPU count to 8; 4: what the context adds (per_context_s); 3: packed CPU linears; older: remeasured
-PROFILE_VERSION = 5
+PROFILE_VERSION = 4  # 4: what the context adds (per_context_s); 3: packed CPU linears; older profiles are remeasured
 
 
 def parse_budget(value: str | int | None) -> int | str | None:

@@ -99,17 +99,6 @@ def test_profile_curve_takes_the_fastest_run_and_never_falls():
     assert noise == pytest.approx(0.25)
 
 
-def test_a_cpu_profile_sees_the_staircase_where_small_trees_are_free():
-    """A CPU forward costs the same up to 6 fed tokens and a step more at 7 (SmolLM2 and both Qwen models here).
-    A curve from 4 and 8 alone charges the 4th and 5th node for rows that cost nothing, and keeps 3 of them."""
-    assert set(range(1, 9)) <= set(profile.CPU_SIZES)
-    scores = [0.9, 0.8, 0.7, 0.2, 0.2]
-    stairs = LatencyModel({1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0, 6: 1.0, 7: 1.3, 8: 1.32})
-    coarse = LatencyModel({n: stairs.points[n] for n in (1, 2, 4, 8)})
-    assert stairs.best_count(0, 0.0, scores) == 5
-    assert coarse.best_count(0, 0.0, scores) == 3
-
-
 def test_profile_is_measured_once_and_cached(tiny_dir, tmp_path, monkeypatch):
     from graft_cli.loading import load_model
 

@@ -9,10 +9,11 @@ target accepts its whole path). Every choice of the tree builder is this one rat
   ``JOIN_MARGIN`` times what reading the prompt costs, the request expected to run as long again as it has so
   far (at least ``HORIZON`` tokens): a long prompt is read once its answer has shown it is long. Retrieval's
   rate is measured on ``TRIAL`` steps of retrieval alone when the prompt costs more than a target forward to
-  read; a shorter one is judged at once, on the first step's retrieval estimate. Drafting's rate is what every drafted step of earlier requests reached
-  together (tokens over costs, pooled: a rarely seen confidence bucket cannot speak for it). Until drafting has
-  been measured on ``EVIDENCE`` steps it joins at once: what a drafter gives is learnt by drafting. A summary's
-  article already holds most of its answer, and then the draft model is never paid for;
+  read; a shorter one is judged at once, on the first step's retrieval estimate. Drafting's rate is what every
+  drafted step of earlier requests reached together (tokens over costs, pooled: a rarely seen confidence bucket
+  cannot speak for it). Until drafting has been measured on ``EVIDENCE`` steps it joins at once: what a drafter
+  gives is learnt by drafting. A summary's article already holds most of its answer, and then the draft model is
+  never paid for;
 - **whether to draft at all**: retrieved chains cost nothing to propose. A step whose retrieval is confident may be
   faster without the drafter; the choice is made from the rates that drafting and not drafting have really reached
   at a similar retrieval confidence (a small contextual bandit over measured step times, each mode's rate

@@ -6,7 +6,7 @@ files, or ``-`` for standard input. A file is read according to its extension:
 * ``.jsonl`` / ``.ndjson``: one JSON record per line. The text of a record is the ``--field`` paths given
   (dotted, e.g. ``response`` or ``data.text`` or ``turns.0``; several fields are joined by a blank line), or
   else, by default, its chat ``messages`` / ``conversations`` list (the contents joined), else its ``text``
-  string, else all of its top-level string values joined by newlines.
+  string, else all of its top-level string values joined by newlines (datastores/records.py).
 * ``.parquet``, ``.arrow``, ``.feather``, ``.ipc``: read in record batches through ``pyarrow.dataset``, rows
   handled like JSONL records.
 * Text, Markdown and source code (by extension, see :data:`TEXT_EXTENSIONS`; any extension when the file is
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, Sequence
 
 from datastores.errors import DatastoreError
+from datastores.records import extract_text
 
 JSONL_EXTENSIONS = {".jsonl", ".ndjson"}
 ARROW_EXTENSIONS = {".parquet": "parquet", ".arrow": "ipc", ".feather": "ipc", ".ipc": "ipc"}
@@ -82,8 +83,6 @@ class CorpusStats:
     skipped_files: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
     skipped_records: Counter = field(default_factory=Counter)  # reason -> count
     documents: int = 0
-    chars: int = 0
-    bytes_read: int = 0
 
     @property
     def n_skipped_records(self) -> int:
@@ -96,95 +95,6 @@ class CorpusStats:
         if self.skipped_records:
             parts.append(f"{self.n_skipped_records:,} records skipped")
         return ", ".join(parts)
-
-    def as_dict(self) -> dict:
-        return {
-            "files": len(self.sources),
-            "documents": self.documents,
-            "chars": self.chars,
-            "bytes": self.bytes_read,
-            "sources": [s.as_dict() for s in self.sources],
-            "skipped_files": [{"path": p, "reason": r} for p, r in self.skipped_files],
-            "skipped_records": dict(self.skipped_records),
-        }
-
-
-# --- extracting text from records -----------------------------------------------------------------------------
-
-
-def _chat_text(messages: Sequence[Any]) -> str | None:
-    parts = []
-    for m in messages:
-        if isinstance(m, str):
-            parts.append(m)
-            continue
-        if not isinstance(m, dict):
-            continue
-        content = m.get("content", m.get("value", m.get("text")))
-        text = _as_text(content)
-        if text:
-            parts.append(text)
-    return "\n".join(parts) if parts else None
-
-
-def _as_text(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    if isinstance(value, dict):
-        if "content" in value or "value" in value:
-            return _as_text(value.get("content", value.get("value")))
-        if value.get("type") == "text" and "text" in value:
-            return _as_text(value["text"])
-        return None
-    if isinstance(value, (list, tuple)):
-        if any(isinstance(v, dict) for v in value):
-            return _chat_text(value)
-        parts = [t for t in (_as_text(v) for v in value) if t]
-        return "\n".join(parts) if parts else None
-    return None
-
-
-def _get_path(record: Any, path: Sequence[str]) -> Any:
-    value = record
-    for part in path:
-        if isinstance(value, dict):
-            if part not in value:
-                return None
-            value = value[part]
-        elif isinstance(value, (list, tuple)) and part.lstrip("-").isdigit():
-            i = int(part)
-            if not -len(value) <= i < len(value):
-                return None
-            value = value[i]
-        else:
-            return None
-    return value
-
-
-def extract_text(record: Any, fields: Sequence[str] | None = None) -> str | None:
-    """The text of one record (see the module docstring); ``None`` when it has none."""
-    if fields:
-        parts = [_as_text(_get_path(record, f.split("."))) for f in fields]
-        parts = [p for p in parts if p]
-        return "\n\n".join(parts) if parts else None
-    if isinstance(record, str):
-        return record
-    if not isinstance(record, dict):
-        return _as_text(record)
-    for key in ("messages", "conversations", "conversation"):
-        if isinstance(record.get(key), list):
-            return _chat_text(record[key])
-    if isinstance(record.get("text"), str):
-        return record["text"]
-    parts = [v for v in record.values() if isinstance(v, str) and v]
-    return "\n".join(parts) if parts else None
-
-
-# --- the corpus -----------------------------------------------------------------------------------------------
 
 
 def classify(path: Path, explicit: bool, extensions: set[str] | None = None) -> str | None:
@@ -289,16 +199,13 @@ class Corpus:
                 self.stats.skipped_files.append((str(path), f"unreadable ({e.strerror or e})"))
                 continue
             self.stats.sources.append(info)
-            self.stats.bytes_read += info.bytes
 
     def _emit(self, text: str | None, info: SourceInfo, reason: str = "no text") -> Iterator[str]:
         if text is None or not text.strip():
-            info.skipped_records += 1
-            self.stats.skipped_records["empty" if text is not None else reason] += 1
+            self._skip_record(info, "empty" if text is not None else reason)
             return
         info.documents += 1
         self.stats.documents += 1
-        self.stats.chars += len(text)
         yield text
 
     def _skip_record(self, info: SourceInfo, reason: str) -> None:
@@ -437,7 +344,6 @@ class Corpus:
                 self.stats.skipped_files.append(("-", str(e)))
                 return
         self.stats.sources.append(info)
-        self.stats.bytes_read += info.bytes
 
 
 class _SkipFile(Exception):

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from datastores import DatastoreError, build_store, open_store
-from datastores.corpus import Corpus, extract_text
+from datastores.corpus import Corpus
+from datastores.records import extract_text
 from tests.datastore_fixtures import make_model_dir, text_of
 
 

@@ -5,13 +5,16 @@ This package never imports torch or transformers: it reads the model's ``tokeniz
 cheap and works on machines without the model's runtime.
 """
 
+from datastores.build import BuildSpec, build_shard, build_store
 from datastores.errors import DatastoreError
 from datastores.fingerprint import fingerprint_from_file, fingerprint_from_tokenizer, fingerprint_from_vocab
 from datastores.store import StoreMeta, list_stores, open_store, parse_shard, read_store, remove_store, resolve_store
 
 __all__ = [
+    "BuildSpec",
     "DatastoreError",
     "StoreMeta",
+    "build_shard",
     "build_store",
     "fingerprint_from_file",
     "fingerprint_from_tokenizer",
@@ -23,10 +26,3 @@ __all__ = [
     "remove_store",
     "resolve_store",
 ]
-
-
-def build_store(*args, **kwargs):
-    """See :func:`datastores.build.build_store`."""
-    from datastores.build import build_store as _build
-
-    return _build(*args, **kwargs)

@@ -1,4 +1,4 @@
-"""Store layout, manifests, atomic builds, integrity checks, and opening / listing / removing stores.
+"""Store layout, manifests, integrity checks, and opening / listing / removing stores.
 
 A store is a directory of shards plus a copy of the tokenizer it was built with::
 
@@ -17,7 +17,7 @@ change of the file, datastores/integrity.py; ``verify=True`` hashes every file).
 
 A build writes into a hidden temporary directory next to its destination and renames it into place only when
 it is complete, so an interrupted or failed build (including a full disk) leaves no half store behind
-(datastores/atomic.py).
+(datastores/staging.py).
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ from typing import Sequence
 from datastores.atomic import TMP_RE
 from datastores.errors import DatastoreError
 from datastores.integrity import file_sha256, sample_digest, sha256_matches
+from datastores.ngram_faiss import NgramIndex
+from datastores.suffix_array import SuffixArrayIndex
 
 FORMAT = "graft-datastore"
 FORMAT_VERSION = 1
@@ -42,25 +44,6 @@ KINDS = ("suffix-array", "ngram")
 MANIFEST = "manifest.json"
 TOKENIZER_COPY = "tokenizer.json"
 SHARD_RE = re.compile(r"^shard-(\d{5})-of-(\d{5})$")
-
-
-# --- progress -------------------------------------------------------------------------------------------------
-
-
-class Progress:
-    """Build progress callbacks (the CLI draws them with Rich); this base class ignores them."""
-
-    def start(self, stage: str, total: float | None = None) -> None:
-        """A stage begins: ``files``, ``tokens``, ``sort``, ``index``, ``write``."""
-
-    def advance(self, stage: str, amount: float = 1, total: float | None = None) -> None:
-        """Progress within a stage (``total`` may be learned late)."""
-
-    def finish(self, stage: str) -> None:
-        """A stage ended."""
-
-    def note(self, message: str) -> None:
-        """Something the user should read (e.g. skipped files)."""
 
 
 # --- names and shards -----------------------------------------------------------------------------------------
@@ -290,12 +273,8 @@ def open_store(path: str | os.PathLike, *, fingerprint: str | None = None, verif
     for d, m in meta.shards:
         check_files(d, m, verify=verify)
     if meta.kind == "suffix-array":
-        from datastores.suffix_array import SuffixArrayIndex
-
         index = SuffixArrayIndex(meta.shards)
     elif meta.kind == "ngram":
-        from datastores.ngram_faiss import NgramIndex
-
         index = NgramIndex(meta.shards, device=device)
     else:
         raise DatastoreError(f"datastore {meta.path} has an unknown kind {meta.kind!r} (upgrade graft)")

@@ -1,4 +1,4 @@
-"""The progress of `graft index build`: datastores.store.Progress drawn with Rich on stderr, one bar a stage."""
+"""The progress of `graft index build`: datastores.shard_writer.Progress drawn with Rich on stderr, one bar a stage."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def short_count(n: int) -> str:
 
 
 class BuildProgress:
-    """datastores.store.Progress drawn with Rich on stderr."""
+    """datastores.shard_writer.Progress drawn with Rich on stderr."""
 
     LABELS = {"files": "files", "tokens": "tokens", "sort": "suffix sort", "index": "n-gram index", "write": "manifest"}
 

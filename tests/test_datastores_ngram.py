@@ -14,7 +14,7 @@ pytest.importorskip("faiss")
 
 from datastores import DatastoreError, build_store, open_store
 from datastores.embeddings import load_embeddings
-from datastores.ngram_faiss import hash_context, hash_rows
+from datastores.ngram_table import hash_context, hash_rows
 from tests.datastore_fixtures import make_model_dir, random_docs, write_jsonl
 
 
@@ -168,8 +168,8 @@ def test_embeddings_bf16_f16_and_sharded_checkpoints(tmp_path):
 
 
 def test_ngram_retriever_plugin(ngram_store, tmp_path):
-    from graft_cli.errors import GraftError
-    from plugins.base import RetrieverEnv
+    from graft_cli.core import GraftError
+    from graft_cli.core import RetrieverEnv
     from plugins.ngram_faiss import make
     from plugins.suffix_array import make as make_sa
     from tokenizers import Tokenizer
@@ -184,7 +184,7 @@ def test_ngram_retriever_plugin(ngram_store, tmp_path):
 
 
 def test_top_eigenvectors_match_exact_pca():
-    from datastores.ngram_faiss import top_eigenvectors
+    from datastores.ngram_vectors import top_eigenvectors
 
     rng = np.random.default_rng(4)
     x = rng.standard_normal((2000, 40)) * np.linspace(3, 0.1, 40)  # a decaying spectrum

@@ -13,13 +13,28 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import TYPE_CHECKING, Iterator, List, Optional
 
 import typer
 
-from graft_cli.build_progress import BuildProgress, short_count
+from graft_cli.build_progress import BuildProgress
 from graft_cli.catalog.entries import DEFAULT_MODEL
-from graft_cli.errors import GraftError
+from graft_cli.core import GraftError
+from graft_cli.index_report import (
+    QueryRun,
+    build_report,
+    human_size,
+    info_summary,
+    info_text,
+    print_query,
+    print_store_list,
+    query_data,
+)
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from datastores.store import StoreMeta
 
 index_app = typer.Typer(no_args_is_help=True, help="Build and manage on-disk token datastores.")
 
@@ -52,24 +67,6 @@ def _resolve(spec: str) -> Path:
         return resolve_store(spec, _home())
 
 
-def _size(n: Optional[float]) -> str:
-    if n is None:
-        return "-"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def _stdout_console():
-    from rich.console import Console
-
-    console = Console()
-    if not console.is_terminal:  # piped: never wrap table rows
-        console = Console(width=200)
-    return console
-
-
 # --------------------------------------------------------------------------------------------------- build
 
 
@@ -98,90 +95,53 @@ def build(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
 ) -> None:
     """Build a datastore from a corpus (atomically: an interrupted build leaves nothing behind)."""
-    from datastores.store import KINDS, parse_shard
+    from datastores.build import BuildSpec, build_shard
+    from datastores.store import parse_shard
+    from graft_cli.catalog.resolve import resolve_model
+
+    params = _ngram_params(n=ngram_n, top_k=top_k, min_count=min_count, max_contexts=max_contexts, dim=dim,
+                           index=faiss_index, nprobe=nprobe, decay=decay)
+    _check_build_options(kind, name, out, params, stdin_format)
+    with _errors():
+        parsed_shard = parse_shard(shard)
+    dest = out if out is not None else _named_store(name, corpus)
+    spec = BuildSpec(corpus, dest, resolve_model(model), model_name=model, kind=kind, shard=parsed_shard, force=force,
+                     fields=field, extensions=ext or None, stdin_format=stdin_format,
+                     jobs=jobs if jobs > 0 else (os.cpu_count() or 1), params=params)
+    with _errors(), BuildProgress(not quiet) as progress:
+        manifest = build_shard(spec, progress)
+    typer.echo(build_report(manifest, dest, as_json))
+
+
+def _ngram_params(**given: Optional[float | int | str]) -> dict:
+    """The n-gram build parameters given on the command line (those left out take the store's defaults)."""
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _check_build_options(kind: str, name: Optional[str], out: Optional[Path], params: dict, stdin_format: str) -> None:
+    """The options that contradict each other or name nothing, refused before anything is read."""
+    from datastores.store import KINDS
 
     if kind not in KINDS:
         raise GraftError(f"unknown --kind {kind!r} (choose {' or '.join(KINDS)})")
     if name and out:
         raise GraftError("give --name or --out, not both")
-    ngram_params = {
-        k: v
-        for k, v in {
-            "n": ngram_n, "top_k": top_k, "min_count": min_count, "max_contexts": max_contexts,
-            "dim": dim, "index": faiss_index, "nprobe": nprobe, "decay": decay,
-        }.items()
-        if v is not None
-    }
-    if ngram_params and kind != "ngram":
-        raise GraftError(f"--{', --'.join(k.replace('_', '-') for k in ngram_params)} only apply to --kind ngram")
+    if params and kind != "ngram":
+        raise GraftError(f"--{', --'.join(k.replace('_', '-') for k in params)} only apply to --kind ngram")
     if stdin_format not in ("auto", "jsonl", "text"):
         raise GraftError(f"--stdin-format must be auto, jsonl or text, not {stdin_format!r}")
-    with _errors():
-        index, count = parse_shard(shard)
-    if out is not None:
-        dest = out
-    else:
-        if not name:
-            first = corpus[0]
-            if first == "-":
-                raise GraftError("a store built from stdin needs --name or --out")
-            name = Path(first.rstrip("/")).resolve().name.split(".")[0] or "store"
-        if "/" in name or name.startswith(".") or name in ("", ".."):
-            raise GraftError(f"--name {name!r} is not a plain name (use --out for a path)")
-        dest = _stores_root() / name
-    from graft_cli.catalog.resolve import resolve_model
 
-    model_dir = resolve_model(model)
-    jobs = jobs if jobs > 0 else (os.cpu_count() or 1)
-    from datastores.build import build_store
 
-    with _errors(), BuildProgress(not quiet) as progress:
-        manifest = build_store(
-            corpus,
-            dest,
-            model_dir=model_dir,
-            model_name=model,
-            kind=kind,
-            shard=(index, count),
-            force=force,
-            fields=field,
-            extensions=ext or None,
-            stdin_format=stdin_format,
-            jobs=jobs,
-            params=ngram_params,
-            progress=progress,
-        )
-    c, b = manifest["corpus"], manifest["build"]
-    data_bytes = sum(f["bytes"] for f in manifest["files"].values())
-    if as_json:
-        summary = {
-            "path": str(Path(dest).expanduser().absolute()),
-            "kind": kind,
-            "shard": manifest["shard"],
-            "model": manifest["model"],
-            "documents": c["documents"],
-            "tokens": c["tokens"],
-            "files": c["files"],
-            "skipped_files": len(c["skipped_files"]),
-            "skipped_records": sum(c["skipped_records"].values()),
-            "data_bytes": data_bytes,
-            "bytes_per_token": round(data_bytes / c["tokens"], 3),
-            "build": b,
-            "index": manifest["index"],
-        }
-        typer.echo(json.dumps(summary, indent=2))
-        return
-    where = Path(dest).expanduser().absolute()
-    shard_s = f" shard {index}/{count}" if count > 1 else ""
-    skipped = ""
-    if c["skipped_files"] or c["skipped_records"]:
-        skipped = f"; skipped {len(c['skipped_files'])} files, {sum(c['skipped_records'].values()):,} records"
-    typer.echo(
-        f"built {kind} store{shard_s} {where}: {c['documents']:,} documents, {c['tokens']:,} tokens from "
-        f"{c['files']} files{skipped}; {_size(data_bytes)} ({data_bytes / c['tokens']:.2f} bytes/token); "
-        f"tokenise {b['tokenize_s']:.1f} s, index {b['index_s']:.1f} s "
-        f"({short_count(b['index_tokens_per_s'] or 0)} tokens/s)"
-    )
+def _named_store(name: Optional[str], corpus: List[str]) -> Path:
+    """The store directory under $GRAFT_HOME/datastores: ``--name``, or else the first corpus path's name."""
+    if not name:
+        first = corpus[0]
+        if first == "-":
+            raise GraftError("a store built from stdin needs --name or --out")
+        name = Path(first.rstrip("/")).resolve().name.split(".")[0] or "store"
+    if "/" in name or name.startswith(".") or name in ("", ".."):
+        raise GraftError(f"--name {name!r} is not a plain name (use --out for a path)")
+    return _stores_root() / name
 
 
 # --------------------------------------------------------------------------------------------------- info
@@ -200,49 +160,13 @@ def info(
     with _errors():
         meta = read_store(path)
     problem = _problem(meta, verify)
-    summary = meta.summary()
-    first = meta.first
-    c = first["corpus"]
-    summary["corpus"] = {
-        "files": c["files"],
-        "sources": [s["path"] for s in c["sources"][:20]] + (["…"] if len(c["sources"]) > 20 else []),
-        "skipped_files": sum(len(m["corpus"]["skipped_files"]) for _, m in meta.shards),
-        "skipped_records": sum(sum(m["corpus"]["skipped_records"].values()) for _, m in meta.shards),
-        "fields": c.get("fields", []),
-        "digest": c.get("digest"),
-    }
-    summary["index"] = [m["index"] for _, m in meta.shards] if len(meta.shards) > 1 else first["index"]
-    summary["build"] = [m["build"] for _, m in meta.shards] if len(meta.shards) > 1 else first["build"]
-    summary["status"] = _status(meta, problem)
-    summary["verified"] = "sha256" if verify else "sha256 of the files changed since they last matched"
-    if as_json:
-        typer.echo(json.dumps(summary, indent=2))
-    else:
-        rows = [
-            ("path", summary["path"]),
-            ("kind", summary["kind"]),
-            ("model", summary["model"]),
-            ("tokenizer", f"{first['tokenizer']['fingerprint']} (vocabulary {first['tokenizer']['vocab_size']:,})"),
-            ("shards", f"{len(meta.shards)} of {meta.shard_count} built"
-             + (f" (missing {', '.join(map(str, meta.missing))})" if meta.missing else "")),
-            ("documents", f"{summary['documents']:,}"),
-            ("tokens", f"{summary['tokens']:,}"),
-            ("size", f"{_size(summary['bytes'])} on disk, {_size(summary['data_bytes'])} of index "
-             f"({summary['bytes_per_token']} bytes/token)"),
-            ("corpus", f"{c['files']} files" + (f", fields {', '.join(c['fields'])}" if c.get("fields") else "")
-             + f"; skipped {summary['corpus']['skipped_files']} files, {summary['corpus']['skipped_records']:,} records"),
-            ("params", ", ".join(f"{k}={v}" for k, v in first["params"].items()) or "-"),
-            ("created", summary["created"]),
-            ("status", summary["status"] + f" ({summary['verified']})"),
-        ]
-        width = max(len(k) for k, _ in rows)
-        for k, v in rows:
-            typer.echo(f"{k:<{width}}  {v}")
+    summary = info_summary(meta, _status(meta, problem), verify)
+    typer.echo(json.dumps(summary, indent=2) if as_json else info_text(meta, summary))
     if problem is not None:
         raise GraftError(problem)
 
 
-def _problem(meta, verify: bool = False) -> str | None:
+def _problem(meta: StoreMeta, verify: bool = False) -> str | None:
     """What is wrong with a store's files (sizes, sampled and full checksums), or None; reported, not raised, so
     that ``info`` and ``list`` describe damaged stores too."""
     from datastores.store import check_files
@@ -255,14 +179,17 @@ def _problem(meta, verify: bool = False) -> str | None:
     return None
 
 
-def _status(meta, problem: str | None) -> str:
+def _status(meta: StoreMeta, problem: str | None) -> str:
+    """The one word `info` and `list` show for a store's state (or its problem)."""
     return problem or ("ok" if meta.complete else "incomplete")
 
 
 # --------------------------------------------------------------------------------------------------- query
 
 
-def _store_tokenizer(path: Path, meta, model: Optional[str]):
+def _store_tokenizer(path: Path, meta: StoreMeta, model: Optional[str]) -> Tokenizer:
+    """The tokenizer a query is encoded with: the store's copy, or ``--model``'s, refused unless it is the one the
+    store was built with (other token ids would match nothing, or the wrong text)."""
     from datastores.fingerprint import fingerprint_from_rust
     from datastores.tokenize import load_tokenizer
 
@@ -322,56 +249,12 @@ def query(
         t0 = time.perf_counter()
         result = index.lookup(ids, budget=budget, **params)
         query_ms = (time.perf_counter() - t0) * 1e3
-    matched = ids[len(ids) - result.match_len :] if result.match_len else []
-    paths = result.paths()
-    data = {
-        "store": str(path),
-        "kind": index.kind,
-        "tokens": len(ids),
-        "match_len": result.match_len,
-        "matched": tok.decode(matched) if matched else "",
-        "matched_ids": matched,
-        "occurrences": result.occurrences,
-        "counted": result.counted,
-        "open_ms": round(open_ms, 3),
-        "query_ms": round(query_ms, 3),
-        "continuations": [
-            {"text": tok.decode(p), "ids": p, "depth": len(p), "count": c, "score": round(s, 6)} for p, s, c in paths
-        ],
-    }
-    if index.kind == "ngram":
-        data["neighbours"] = [{"similarity": round(s, 4), "context": tok.decode(c), "ids": c} for s, c in result.neighbours]
+    run = QueryRun(path, index, tok, ids, result, open_ms, query_ms)
+    data = query_data(run)
     if as_json:
         typer.echo(json.dumps(data, indent=2, ensure_ascii=False))
-        return
-    console = _stdout_console()
-    from rich.table import Table
-
-    if index.kind == "suffix-array":
-        if result.match_len:
-            console.print(
-                f"matched suffix ({result.match_len} tokens): {data['matched']!r} — {result.occurrences:,} "
-                f"occurrences, {result.counted:,} counted; {query_ms:.3f} ms",
-                markup=False, highlight=False,
-            )
-        else:
-            console.print(f"no suffix of at least {min_match} tokens occurs in the store ({query_ms:.3f} ms)", markup=False)
     else:
-        console.print(
-            f"context {tok.decode(ids[-index.n:])!r}: {'exact match' if result.match_len else 'no exact match'}, "
-            f"{len(result.neighbours)} neighbours; {query_ms:.3f} ms",
-            markup=False, highlight=False,
-        )
-        for s, c in result.neighbours[:5]:
-            console.print(f"  {s:.3f}  {tok.decode(c)!r}", markup=False, highlight=False)
-    if not paths:
-        return
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("#", "SCORE", "COUNT", "DEPTH", "CONTINUATION"):
-        table.add_column(col, justify="right" if col != "CONTINUATION" else "left", no_wrap=col != "CONTINUATION")
-    for i, (p, s, c) in enumerate(paths, start=1):
-        table.add_row(str(i), f"{s:.3f}", f"{c:,}", str(len(p)), repr(tok.decode(p)))
-    console.print(table, markup=False, highlight=False)
+        print_query(run, data, min_match)
 
 
 # --------------------------------------------------------------------------------------------------- list, rm
@@ -411,20 +294,7 @@ def list_(as_json: bool = typer.Option(False, "--json", help="One JSON array on 
     if not rows:
         typer.echo(f"no datastores in {root} (build one with `graft index build CORPUS --name NAME`)")
         return
-    from rich.table import Table
-
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("NAME", "KIND", "MODEL", "TOKENS", "SIZE", "SHARDS", "CREATED", "STATUS"):
-        table.add_column(col, no_wrap=col != "STATUS")
-    for r in rows:
-        if "kind" not in r:
-            table.add_row(r["name"], "-", "-", "-", "-", "-", "-", r["status"])
-        else:
-            table.add_row(r["name"], r["kind"], r["model"], short_count(r["tokens"]), _size(r["bytes"]), r["shards"],
-                          r["created"][:16].replace("T", " "), r["status"])
-    console = _stdout_console()
-    console.print(table, markup=False, highlight=False)
-    console.print(f"stores live in {root} (set GRAFT_HOME to move them)", markup=False, highlight=False)
+    print_store_list(rows, root)
 
 
 @index_app.command("rm")
@@ -435,4 +305,4 @@ def rm(store: str = typer.Argument(..., help="Store name or path.")) -> None:
     path = _resolve(store)
     with _errors():
         freed = remove_store(path)
-    typer.echo(f"removed {path} ({_size(freed)})")
+    typer.echo(f"removed {path} ({human_size(freed)})")

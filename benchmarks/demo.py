@@ -11,11 +11,11 @@ import argparse
 import torch
 
 from graft_cli import methods
-from graft_cli.engine import decode
-from graft_cli.loading import encode, load_model, stop_ids
-from graft_cli.sampling import Sampling
-from graft_cli.stats import Stats
-from graft_cli.target import Target
+from graft_cli.runtime.engine import decode
+from graft_cli.runtime.loading import encode, load_model, stop_ids
+from graft_cli.runtime.sampling import Sampling
+from graft_cli.core import Stats
+from graft_cli.runtime.target import Target
 
 
 def generate(loaded, config: methods.MethodConfig, ids: list[int], n: int) -> tuple[list[int], Stats]:

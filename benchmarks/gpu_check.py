@@ -7,7 +7,7 @@
    config, saved and loaded like any downloaded model); the draft model is the target itself, so drafts are long
    and mostly accepted, and the head is random, so its trees are mostly wrong: both sides of verification run.
    * greedy: every method's tokens against ar's with the tie-aware report of ``graft bench``
-     (graft_cli/lossless.py): a difference where ar's top two logits were within the dtype's tolerance is a
+     (graft_cli/runtime/lossless.py): a difference where ar's top two logits were within the dtype's tolerance is a
      floating-point tie (shown with its margin), any other one fails;
    * sampling: the distribution of the first speculated token (the second generated) against the exact one
      computed from the target, by total variation below the 99.9% quantile of pure sampling noise.
@@ -15,7 +15,7 @@
 3. Verification latency by tree size (1 to 256 tokens) of a Llama-3-8B-shaped model, random weights from a
    config, over a 512-token KV cache; then trees whose size and cache length change every call, as decoding
    runs them, under graft's attention kernels and with cuDNN's attention allowed (it plans per shape:
-   graft_cli/attention_kernels.py). Before it, which SDPA kernel a tree's masked attention gets.
+   graft_cli/runtime/attention_kernels.py). Before it, which SDPA kernel a tree's masked attention gets.
 4. Host milliseconds and device reads per step of graft with a draft model at the CUDA defaults, the forwards
    played back (benchmarks/host_overhead.py).
 
@@ -53,22 +53,21 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # host_overhead.py, beside this file
 
+from graft_cli.core import DEFAULT_SCHEDULE, DraftSettings, ROOT, Tree
 from graft_cli import methods  # noqa: E402
-from graft_cli.attention_kernels import attention_kernels  # noqa: E402
+from graft_cli.runtime.attention_kernels import attention_kernels  # noqa: E402
 from graft_cli.bench.datasets import Question  # noqa: E402
 from graft_cli.bench.execution import Conversation, execute, warm_up  # noqa: E402
 from graft_cli.bench.results import summarize  # noqa: E402
 from graft_cli.bench.runners import EngineRunner, PeerRunner, shared_models  # noqa: E402
-from graft_cli.engine import decode  # noqa: E402
-from graft_cli.loading import load_model, stop_ids  # noqa: E402
-from graft_cli.lossless import MarginTarget, report  # noqa: E402
+from graft_cli.runtime.engine import decode  # noqa: E402
+from graft_cli.runtime.loading import load_model, stop_ids  # noqa: E402
+from graft_cli.runtime.lossless import MarginTarget, report  # noqa: E402
 from graft_cli.methods import MethodConfig  # noqa: E402
-from graft_cli.prune import DEFAULT as DEFAULT_PRUNE  # noqa: E402
-from graft_cli.prune import default_floor  # noqa: E402
-from graft_cli.sampling import Sampling, probabilities  # noqa: E402
+from graft_cli.core.defaults import CUDA
+from graft_cli.runtime.sampling import Sampling, probabilities  # noqa: E402
 from graft_cli.synthetic import save_model_dir, tiny_model, word_tokenizer, write_eagle3_head  # noqa: E402
-from graft_cli.target import Target  # noqa: E402
-from graft_cli.tree import ROOT, Tree  # noqa: E402
+from graft_cli.runtime.target import Target  # noqa: E402
 
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                  num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0)
@@ -151,11 +150,11 @@ def method_configs(target: Path, head: Path, store: Path | None, depth: int | No
         "ar": MethodConfig("ar"),
         "pld": MethodConfig("pld"),
         "recycling": MethodConfig("recycling"),
-        "dense": MethodConfig("dense", draft=draft, depth=depth),
-        "pruned": MethodConfig("pruned", draft=draft, depth=depth),
-        "graft": MethodConfig("graft", draft=draft, depth=depth),
-        "graft-tail": MethodConfig("graft", draft=draft, chain=True, depth=depth),
-        "eagle3": MethodConfig("dense", draft=f"eagle3:{head}", depth=depth),
+        "dense": MethodConfig("dense", draft=draft, drafting=DraftSettings(depth=depth)),
+        "pruned": MethodConfig("pruned", draft=draft, drafting=DraftSettings(depth=depth)),
+        "graft": MethodConfig("graft", draft=draft, drafting=DraftSettings(depth=depth)),
+        "graft-tail": MethodConfig("graft", draft=draft, drafting=DraftSettings(chain=True, depth=depth)),
+        "eagle3": MethodConfig("dense", draft=f"eagle3:{head}", drafting=DraftSettings(depth=depth)),
     }
     if store is not None:
         configs["rest"] = MethodConfig("rest", options={"datastore": str(store)})
@@ -315,7 +314,7 @@ def check_latency(table: Table, shape: dict, device: str, dtype: torch.dtype, sc
 def check_new_shapes(table: Table, target: Target, vocab: int, scale: Scale, sync: Callable[[], None]) -> None:
     """Verification as decoding runs it: the tree's size and the cache's length change every call, so a kernel
     that plans per problem shape (cuDNN's attention) plans every call. Timed under graft's kernels
-    (graft_cli/attention_kernels.py) and again with cuDNN's attention allowed, on the same shapes."""
+    (graft_cli/runtime/attention_kernels.py) and again with cuDNN's attention allowed, on the same shapes."""
     largest = max(scale.sizes) // 4
     past = list(range(1, scale.past + 1))
     medians = []
@@ -366,8 +365,7 @@ def check_host_overhead(table: Table, device: str, dtype: str, scale: Scale) -> 
         loaded = load_model(str(target_dir), device, dtype)
         conv = Conversation(loaded.tokenizer, stop_ids(loaded))
         ids = [conv.encode([{"role": "user", "content": q.turns[0]}]) for q in prompts(scale)]
-        config = MethodConfig("graft", budget=60, depth=7, draft_top_k=8, retrievers=["prompt", "recycling"],
-                              draft=str(target_dir), prune_at=f"{DEFAULT_PRUNE},floor:{default_floor('cuda')}")
+        config = MethodConfig("graft", budget=60, retrievers=["prompt", "recycling"], draft=str(target_dir), drafting=DraftSettings(depth=7, draft_top_k=8, prune_at=f"{DEFAULT_SCHEDULE},floor:{CUDA.prune_floor}"))
         m = measure(loaded, ids, config, scale.new_tokens, repeat=1 if device == "cpu" else 3)
     def per_step(counts, unit: float = 1.0) -> dict[str, float]:
         return {phase: round(unit * value / m.steps, 4) for phase, value in counts.items()}

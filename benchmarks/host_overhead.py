@@ -74,27 +74,27 @@ from typing import Callable
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import graft_cli.core.stats as stopwatch
+import graft_cli.drafting.cost_aware as cost_aware
+import graft_cli.drafting.proposer as proposers
+import graft_cli.drafting.tree_drafter as drafters
+import plugins.draft_model as draft_model
+from graft_cli.bench.datasets import load_questions, resolve_dataset
+from graft_cli.catalog.home import graft_home
+from graft_cli.catalog.resolve import resolve_model
+from graft_cli.core import DEFAULT_SCHEDULE, DraftSettings, Stats
+from graft_cli.core.defaults import CUDA
+from graft_cli.drafting.budget import LatencyModel
+from graft_cli.methods import MethodConfig, build
+from graft_cli.runtime import engine
+from graft_cli.runtime.kv_cache import PositionLayer
+from graft_cli.runtime.loading import encode, load_model, stop_ids
+from graft_cli.runtime.sampling import Sampling
+from graft_cli.runtime.target import Target
 
-import graft_cli.drafters as drafters  # noqa: E402
-import graft_cli.drafters.draft_model as draft_model  # noqa: E402
-import graft_cli.graft as graft  # noqa: E402
-from graft_cli import engine  # noqa: E402
-from graft_cli.bench.datasets import load_questions, resolve_dataset  # noqa: E402
-from graft_cli.budget import LatencyModel  # noqa: E402
-from graft_cli.catalog.home import graft_home  # noqa: E402
-from graft_cli.catalog.resolve import resolve_model  # noqa: E402
-from graft_cli.kv_cache import PositionLayer  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # phases.py and playback.py, beside this script
 from phases import DEVICE, FORWARD, Phases  # noqa: E402
 from playback import Replay, cold_caches  # noqa: E402
-from graft_cli.loading import encode, load_model, stop_ids  # noqa: E402
-from graft_cli.methods import MethodConfig, build  # noqa: E402
-from graft_cli.prune import DEFAULT as DEFAULT_PRUNE  # noqa: E402
-from graft_cli.prune import default_floor  # noqa: E402
-from graft_cli.sampling import Sampling  # noqa: E402
-from graft_cli.stats import Stats  # noqa: E402
-from graft_cli.target import Target  # noqa: E402
 
 PHASES = ("draft", "mask", "retrieve", "graft", "accept", "keep", "observe", "engine")
 CORPUS = "corpus/alpaca_eval_outputs/gpt4.jsonl"  # under the shared data, beside the benchmark prompts
@@ -120,7 +120,7 @@ def random_head(root: Path, target: torch.nn.Module, draft_vocab: int, sharpness
     """An EAGLE-3 head with random weights in the format users' heads come in (for the target's width)."""
     from safetensors.torch import save_file
 
-    from graft_cli.drafters.eagle3 import HeadConfig, expected_shapes
+    from graft_cli.heads import HeadConfig, expected_shapes
 
     c = target.config
     heads, kv = c.num_attention_heads, c.num_key_value_heads
@@ -236,8 +236,8 @@ def _profiled(loaded) -> None:
     """Measure (or read) the target's latency profile before anything is recorded: the cost-aware builder reads it
     when a proposer is built, and on a machine that has never profiled this model the profiling forwards would
     otherwise land in the record and no replay could match it."""
-    from graft_cli.errors import GraftError
-    from graft_cli.profile import latency_model
+    from graft_cli.core import GraftError
+    from graft_cli.drafting.profile import latency_model
 
     try:
         latency_model(loaded)
@@ -245,7 +245,7 @@ def _profiled(loaded) -> None:
         pass
 
 
-CLOCKED = (engine, graft, drafters, draft_model)  # the modules whose perf_counter a decision reads
+CLOCKED = (engine, stopwatch, proposers, cost_aware, drafters, draft_model)  # the modules whose perf_counter a decision reads
 
 
 def measure(loaded, prompts: list[list[int]], config: MethodConfig, max_new_tokens: int = 64, repeat: int = 3,
@@ -272,7 +272,7 @@ def measure(loaded, prompts: list[list[int]], config: MethodConfig, max_new_toke
             """A fresh proposer at the CUDA defaults: every pass starts from the same state."""
             made = build(config, loaded)
             made.latency = LatencyModel.default("cuda")
-            if made.objective is not None:  # the cost-aware builder as it runs on a GPU
+            if getattr(made, "objective", None) is not None:  # the cost-aware builder as it runs on a GPU
                 made.objective.latency, made.objective.planned = made.latency, not read_per_level
             wrapped.extend(instrument_proposer(phases, replay, made))
             return made
@@ -342,7 +342,7 @@ def main() -> int:
     ap.add_argument("--budget", type=int, default=60)
     ap.add_argument("--depth", type=int, default=7)
     ap.add_argument("--draft-top-k", type=int, default=8)
-    ap.add_argument("--prune-at", default=f"{DEFAULT_PRUNE},floor:{default_floor('cuda')}")
+    ap.add_argument("--prune-at", default=f"{DEFAULT_SCHEDULE},floor:{CUDA.prune_floor}")
     ap.add_argument("--head-sharpness", type=float, default=12.0, help="EAGLE-3: scale of the random LM head")
     ap.add_argument("--categories", default="writing,coding,summarization,math_reasoning")
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -386,9 +386,7 @@ def main() -> int:
         draft = args.draft or args.model
     elif args.drafter == "eagle3":
         draft = args.draft or random_head(Path(tmp.name), loaded.model, 32000, args.head_sharpness)
-    config = MethodConfig(args.method, budget=args.budget, retrievers=retrievers, options=options, draft=draft,
-                          depth=args.depth, draft_top_k=args.draft_top_k,
-                          prune_at=args.prune_at if args.method != "dense" else None)
+    config = MethodConfig(args.method, budget=args.budget, retrievers=retrievers, options=options, draft=draft, drafting=DraftSettings(depth=args.depth, draft_top_k=args.draft_top_k, prune_at=args.prune_at if args.method != "dense" else None))
     share = args.draft_share if args.draft_share is not None else (0.1 if args.drafter == "eagle3" else 0.35)
     m = measure(loaded, prompts, config, args.max_new_tokens, args.repeat, args.in_run, args.target_ms, share,
                 args.read_per_level, thread_time if args.clock == "cpu" else perf_counter, args.write_kv)

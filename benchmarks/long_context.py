@@ -2,7 +2,7 @@
 
 ``datasets`` writes bench datasets (the JSONL ``graft bench --dataset`` reads): "explain this module and list its
 public functions" over a module's source cut to about 2K, 4K and 8K tokens of the model's chat-templated prompt.
-The 8K set stays inside SmolLM2's 8192 positions with 256 new tokens and a CPU tree (``graft_cli/limits.py``).
+The 8K set stays inside SmolLM2's 8192 positions with 256 new tokens and a CPU tree (``graft_cli/runtime/limits.py``).
 
 ``prefill`` times the prefill of one context for several chunk sizes. ``steps`` times one verification step (a tree of ``--tree`` nodes, then compaction to an accepted path of
 ``--accept`` rows) after prefilling contexts of several lengths, and the prefill itself. It uses only the Target
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from graft_cli.loading import encode, load_model
-from graft_cli.target import Target
-from graft_cli.tree import ROOT, Tree
+from graft_cli.runtime.loading import encode, load_model
+from graft_cli.runtime.target import Target
+from graft_cli.core import ROOT, Tree
 
 MODULES = ("argparse", "difflib", "configparser", "calendar", "inspect", "tarfile", "typing", "pathlib")
 SIZES = {"2k": 2048, "4k": 4096, "8k": 7800}  # 8k: 7800 + 256 new tokens + a 16-node tree < 8192 positions

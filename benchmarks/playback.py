@@ -13,8 +13,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from graft_cli.budget import LatencyModel  # noqa: E402
-from graft_cli.kv_cache import PositionLayer  # noqa: E402
+from graft_cli.drafting.budget import LatencyModel  # noqa: E402
+from graft_cli.runtime.kv_cache import PositionLayer  # noqa: E402
 
 
 class Replay:
@@ -115,7 +115,7 @@ def cold_caches(clock: Callable[[], float], n: int = 200) -> str:
     """Why the forwards are played back: the same host code (a 60-node tree's tokens and ancestor mask, what
     ``Target.verify`` builds) timed with warm caches, and right after a matmul that streams 128 MB of weights
     through them (as a CPU forward does; a GPU's does not)."""
-    from graft_cli.tree import Tree
+    from graft_cli.core import Tree
 
     tree = Tree()
     for i in range(60):

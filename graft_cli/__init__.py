@@ -1,3 +1,5 @@
 """graft: lossless speculative decoding that drafts less and retrieves more."""
 
-__version__ = "0.1.0"
+from graft_cli.core.version import __version__
+
+__all__ = ["__version__"]

@@ -20,7 +20,8 @@ from graft_cli.cli_heads import heads_app
 from graft_cli.cli_index import index_app
 from graft_cli.cli_models import models_app
 from graft_cli.cli_plugins import plugins_app
-from graft_cli.errors import GraftError
+from graft_cli.core import GraftError
+from graft_cli.memory import reuse_freed_memory
 
 app = typer.Typer(
     name="graft",
@@ -67,9 +68,20 @@ def _sweep() -> None:
         pass  # a GRAFT_HOME we cannot read is the command's own problem to report
 
 
+def _process_settings() -> None:
+    """What a graft command sets for its own process, and a program that imports graft does not get: the network
+    stays off unless a command says otherwise (models come from the catalog or a path), transformers' own warnings
+    stay off stderr, and freed memory is kept for the next step (graft_cli/runtime/loading.py). Each environment
+    variable only where the user has not set it."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    reuse_freed_memory()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
     debug = os.environ.get("GRAFT_DEBUG") == "1"
+    _process_settings()
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         _sweep()

@@ -4,34 +4,39 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from graft_cli.errors import GraftError
+from graft_cli.catalog.entries import DEFAULT_MODEL
+from graft_cli.cli_options import (
+    Budget, Datastore, Device, DeviceMap, Draft, Dtype, MaxNewTokens, Model, RetrieverOpt, Truncate, retriever_options,
+)
+from graft_cli.core import GraftError
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
+if TYPE_CHECKING:
+    from graft_cli.bench.plan import Variant
 
 
 def bench(
     ctx: typer.Context,
-    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Target: catalog name, HF model directory or .gguf file."),
-    draft: Optional[str] = typer.Option(None, "--draft", help="Draft model for hf-assisted and the drafter methods, or KIND:SPEC of a drafter plugin (eagle3:DIR|NAME)."),
+    model: Model = DEFAULT_MODEL,
+    draft: Draft = None,
     dataset: str = typer.Option("spec-bench", "--dataset", "-d", help="spec-bench, mt-bench, or a JSONL file with 'turns' or 'prompt' per line."),
     categories: Optional[str] = typer.Option(None, "--categories", help="Comma-separated categories (default: all)."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="First N questions of each category."),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", min=1, help="New tokens per turn at most."),
+    max_new_tokens: MaxNewTokens = 128,
     methods: str = typer.Option("all", "--methods", help="Comma-separated: ar, pld, ... (engine methods), hf, hf-pld, hf-assisted; 'all' runs every one that can run here. ar is always run (the baseline)."),
-    budget: Optional[str] = typer.Option(None, "--budget", help="Tree nodes per step for engine methods, or 'auto' (measured on this device)."),
+    budget: Budget = None,
     budgets: Optional[str] = typer.Option(None, "--budgets", help="Several budgets, e.g. 4,8,16,32,auto: each engine method runs at each (for the Pareto plot)."),
-    datastore: Optional[str] = typer.Option(None, "--datastore", help="Datastore name or path for store retrievers (rest)."),
-    retriever_opt: list[str] = typer.Option([], "--retriever-opt", help="KEY=VALUE option for retrievers (repeatable)."),
+    datastore: Datastore = None,
+    retriever_opt: RetrieverOpt = [],
     method_opt: list[str] = typer.Option([], "--method-opt", help="FIELD=VALUE for every engine method but ar: any MethodConfig setting, e.g. depth=4, chain=true, prune_at=... (repeatable)."),
     variant: list[str] = typer.Option([], "--variant", help="'NAME=METHOD FIELD=VALUE ...': an engine method with settings of its own, run as NAME when --methods lists it, e.g. 'deep=graft depth=14 prune_at=floor:0.3' (repeatable)."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
-    device_map: Optional[str] = typer.Option(None, "--device-map", help="Shard a target larger than one GPU through accelerate: auto (GPUs, then CPU, then disk), balanced, sequential, or a JSON object of module to device."),
-    truncate: Optional[str] = typer.Option(None, "--truncate", help="left or right: cut a prompt that would reach past the model's positions or attention window (default: refuse it)."),
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    device_map: DeviceMap = None,
+    truncate: Truncate = None,
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice)."),
     out: Path = typer.Option(Path("bench-results"), "--out", "-o", help="Directory for results.json, answers/, runs.jsonl and plots."),
     shard: Optional[str] = typer.Option(None, "--shard", help="K/N: run only questions K, K+N, K+2N, ... (from 0), writing OUT/runs.K-of-N.jsonl; run the N shards side by side (one per core or GPU), then --report-only merges them."),
@@ -43,10 +48,9 @@ def bench(
 ) -> None:
     """Benchmark every method side by side: speedup and tau per category, lossless check, Spec-Bench answer files."""
     from graft_cli.bench.command import BenchOptions, run_bench
-    from graft_cli.cli_generate import _options
-    from graft_cli.limits import parse_truncate
-    from graft_cli.loading import parse_device_map
-    from graft_cli.profile import parse_budget
+    from graft_cli.method_config import parse_budget
+    from graft_cli.runtime.limits import parse_truncate
+    from graft_cli.runtime.loading import parse_device_map
 
     if budget is not None and budgets is not None:
         raise GraftError("give either --budget or --budgets, not both")
@@ -64,7 +68,7 @@ def bench(
         max_new_tokens=max_new_tokens,
         methods=_split(methods) or ["all"],
         budgets=list(dict.fromkeys(budget_list)),
-        options=_options(retriever_opt, datastore),
+        options=retriever_options(retriever_opt, datastore),
         method_opts=_pairs(method_opt, "--method-opt"),
         variants=dict(_variant(text) for text in variant),
         device=device,

@@ -10,50 +10,57 @@ from typing import Iterator, Optional
 
 import typer
 
-from graft_cli.errors import GraftError
+from graft_cli.catalog.entries import DEFAULT_MODEL
+from graft_cli.cli_options import (
+    DEVICE, Budget, Datastore, Device, DeviceMap, Draft, Dtype, MaxNewTokens, Model, RetrieverOpt, Truncate,
+    retriever_options,
+)
+from graft_cli.core import DEFAULT_SCHEDULE, DraftSettings, GraftError
+from graft_cli.core.defaults import MAX_LEVELS, both
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
+SPECULATION, SAMPLING, OUTPUT = "Speculation", "Sampling", "Output"
 
 
 def generate(
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Prompt text."),
     prompt_file: Optional[str] = typer.Option(None, "--prompt-file", "-f", help="Read the prompt from FILE ('-' = stdin)."),
     jsonl: bool = typer.Option(False, "--jsonl", help="Input is JSONL: {id, prompt} or {id, messages} per line; output is JSONL."),
-    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Catalog name, HF model directory or .gguf file."),
-    method: str = typer.Option("graft", "--method", help="graft, dense, pruned, rest, recycling, pld or ar (see docs/architecture.md)."),
-    draft: Optional[str] = typer.Option(None, "--draft", help="Draft model (catalog name or path), or KIND:SPEC of a drafter plugin (graft plugins list): eagle3:DIR|NAME (graft heads list)."),
-    budget: Optional[str] = typer.Option(None, "--budget", help="Verified tree nodes per step (default: 16 on CPU, 60 on CUDA), or 'auto': measured on this device once, then chosen per step. 0: no tree, one token per forward (plain decoding through the verification path; retrievers still learn)."),
-    tree: Optional[str] = typer.Option(None, "--tree", help="How graft with a drafter shapes its tree: 'cost' (default: each step by expected tokens per second, docs/architecture.md) or 'fixed' (--depth levels and --prune-at checkpoints)."),
-    depth: Optional[int] = typer.Option(None, "--depth", min=1, help="Draft tree levels at most (default: 8 on CPU, 7 on CUDA; 24 with --tree cost)."),
-    draft_top_k: Optional[int] = typer.Option(None, "--draft-top-k", min=1, help="Draft nodes expanded per level and children per node (default: 2 on CPU, 8 on CUDA)."),
-    prune_at: Optional[str] = typer.Option(None, "--prune-at", help="Pruning checkpoints LEVEL:THRESHOLD[:SHARE],... (default 0:0.35,1:0.25,5:0.15; 'none': no pruning)."),
-    chain: bool = typer.Option(False, "--chain", help="Draft a single chain; with graft: Graft(TAIL), retrieved tokens fill the tail."),
-    draft_vocab: Optional[int] = typer.Option(None, "--draft-vocab", min=0, help="A draft model scores only N tokens: the most frequent by `graft models vocab` (else the lowest ids), the special ones and the prompt's (default: the ranked tokens covering 99.99% of the corpus on a CPU, all on a GPU or without a ranking; 0: all)."),
-    draft_window: Optional[int] = typer.Option(None, "--draft-window", help="A draft model reads at most the first 4 and last N-4 prompt tokens (default: 2048 on CPU, the whole prompt on CUDA; 0: the whole prompt). Retrieval reads all of it."),
-    draft_weights: Optional[str] = typer.Option(None, "--draft-weights", help="A draft model's linear weights: 'fp16' (FBGEMM's fp16 kernel, fp32 arithmetic: a CPU draft forward then reads half the bytes; the default on a CPU) or 'full' (the model's dtype; the default on CUDA). The target is never touched."),
-    rope_theta: Optional[float] = typer.Option(None, "--rope-theta", help="RoPE base of an EAGLE-3 head (default: its config's, else 10000)."),
-    adjacency_file: Optional[str] = typer.Option(None, "--adjacency-file", help="Keep the recycling adjacency table in FILE across runs (safetensors)."),
-    retrievers: Optional[str] = typer.Option(None, "--retrievers", help="Comma-separated retriever plugins."),
-    datastore: Optional[str] = typer.Option(None, "--datastore", help="Datastore name or path for store retrievers."),
-    retriever_opt: list[str] = typer.Option([], "--retriever-opt", help="KEY=VALUE option for retrievers (repeatable)."),
+    model: Model = DEFAULT_MODEL,
+    method: str = typer.Option("graft", "--method", rich_help_panel=SPECULATION, help="graft, dense, pruned, rest, recycling, pld or ar (see docs/architecture.md)."),
+    draft: Draft = None,
+    budget: Budget = None,
+    tree: Optional[str] = typer.Option(None, "--tree", rich_help_panel=SPECULATION, help="How graft with a drafter shapes its tree: 'cost' (default: each step by expected tokens per second, docs/architecture.md) or 'fixed' (--depth levels and --prune-at checkpoints)."),
+    depth: Optional[int] = typer.Option(None, "--depth", min=1, rich_help_panel=SPECULATION, help=f"Draft tree levels at most (default: {both('depth')}; {MAX_LEVELS} with --tree cost)."),
+    draft_top_k: Optional[int] = typer.Option(None, "--draft-top-k", min=1, rich_help_panel=SPECULATION, help=f"Draft nodes expanded per level and children per node (default: {both('draft_top_k')})."),
+    prune_at: Optional[str] = typer.Option(None, "--prune-at", rich_help_panel=SPECULATION, help=f"Pruning checkpoints LEVEL:THRESHOLD[:SHARE],... (default {DEFAULT_SCHEDULE}; 'none': no pruning)."),
+    chain: bool = typer.Option(False, "--chain", rich_help_panel=SPECULATION, help="Draft a single chain; with graft: Graft(TAIL), retrieved tokens fill the tail."),
+    draft_vocab: Optional[int] = typer.Option(None, "--draft-vocab", min=0, rich_help_panel=SPECULATION, help="A draft model scores only N tokens: the most frequent by `graft models vocab` (else the lowest ids), the special ones and the prompt's (default: the ranked tokens covering 99.99% of the corpus on a CPU, all on a GPU or without a ranking; 0: all)."),
+    draft_window: Optional[int] = typer.Option(None, "--draft-window", rich_help_panel=SPECULATION, help=f"A draft model reads at most the first 4 and last N-4 prompt tokens (default: {both('draft_window')}; 0: the whole prompt). Retrieval reads all of it."),
+    draft_weights: Optional[str] = typer.Option(None, "--draft-weights", rich_help_panel=SPECULATION, help=f"A draft model's linear weights: 'fp16' (FBGEMM's fp16 kernel, fp32 arithmetic: a CPU draft forward then reads half the bytes) or 'full' (the model's dtype); default: {both('draft_weights')}. The target is never touched."),
+    rope_theta: Optional[float] = typer.Option(None, "--rope-theta", rich_help_panel=SPECULATION, help="RoPE base of an EAGLE-3 head (default: its config's, else 10000)."),
+    adjacency_file: Optional[str] = typer.Option(None, "--adjacency-file", rich_help_panel=SPECULATION, help="Keep the recycling adjacency table in FILE across runs (safetensors)."),
+    retrievers: Optional[str] = typer.Option(None, "--retrievers", rich_help_panel=SPECULATION, help="Comma-separated retriever plugins."),
+    datastore: Datastore = None,
+    retriever_opt: RetrieverOpt = [],
     raw: bool = typer.Option(False, "--raw", help="Do not apply the chat template."),
-    max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", min=1, help="Stop after this many new tokens (or at a stop token)."),
-    temperature: float = typer.Option(0.0, "--temperature", "-t", min=0.0, help="0 = greedy."),
-    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Sample from the smallest set of tokens whose probability reaches P (1 = all)."),
-    top_k: int = typer.Option(0, "--top-k", min=0, help="Sample from the K most likely tokens only (0 = all)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Same seed, same text, with every method (default: a random seed)."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
-    device_map: Optional[str] = typer.Option(None, "--device-map", help="Shard a model larger than one GPU through accelerate: auto (GPUs, then CPU, then disk), balanced, sequential, or a JSON object of module to device."),
-    truncate: Optional[str] = typer.Option(None, "--truncate", help="left or right: cut a prompt that would reach past the model's positions or attention window (default: refuse it)."),
-    stats: bool = typer.Option(False, "--stats", help="Print decoding statistics to stderr."),
-    prefill_chunk: int = typer.Option(512, "--prefill-chunk", min=1, help="Prompt tokens per prefill forward (bounds the prefill's peak memory; a progress bar shows on a terminal when the prefill takes over 2 s)."),
+    max_new_tokens: MaxNewTokens = 256,
+    temperature: float = typer.Option(0.0, "--temperature", "-t", min=0.0, rich_help_panel=SAMPLING, help="0 = greedy."),
+    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, rich_help_panel=SAMPLING, help="Sample from the smallest set of tokens whose probability reaches P (1 = all)."),
+    top_k: int = typer.Option(0, "--top-k", min=0, rich_help_panel=SAMPLING, help="Sample from the K most likely tokens only (0 = all)."),
+    seed: Optional[int] = typer.Option(None, "--seed", rich_help_panel=SAMPLING, help="Same seed, same text, with every method (default: a random seed)."),
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    device_map: DeviceMap = None,
+    truncate: Truncate = None,
+    stats: bool = typer.Option(False, "--stats", rich_help_panel=OUTPUT, help="Print decoding statistics to stderr."),
+    prefill_chunk: int = typer.Option(512, "--prefill-chunk", min=1, rich_help_panel=DEVICE, help="Prompt tokens per prefill forward (bounds the prefill's peak memory; a progress bar shows on a terminal when the prefill takes over 2 s)."),
 ) -> None:
     """Generate text from a prompt, losslessly faster."""
-    from graft_cli.limits import parse_truncate
-    from graft_cli.loading import load_model, parse_device_map
-    from graft_cli.methods import MethodConfig
-    from graft_cli.sampling import Sampling
+    from graft_cli import methods
+    from graft_cli.method_config import MethodConfig, parse_budget
+    from graft_cli.runtime.limits import parse_truncate
+    from graft_cli.runtime.loading import load_model, parse_device_map
+    from graft_cli.runtime.sampling import Sampling
 
     try:
         sampling = Sampling(temperature, top_k, top_p)
@@ -69,16 +76,14 @@ def generate(
             raise GraftError("no prompt: give --prompt TEXT or --prompt-file FILE ('-' for stdin)")
         if not text.strip():
             raise GraftError("the prompt is empty")
-    options = _options(retriever_opt, datastore)
-    from graft_cli import methods
-    from graft_cli.profile import parse_budget
-
+    options = retriever_options(retriever_opt, datastore)
     if adjacency_file:
         options["adjacency_file"] = adjacency_file
+    drafting = DraftSettings(depth=depth, draft_top_k=draft_top_k, prune_at=prune_at, chain=chain,
+                             rope_theta=rope_theta, draft_vocab=draft_vocab, draft_window=draft_window,
+                             draft_weights=draft_weights)
     config = MethodConfig(method, parse_budget(budget), retrievers.split(",") if retrievers else None, options, draft,
-                          depth=depth, draft_top_k=draft_top_k, prune_at=prune_at, chain=chain, rope_theta=rope_theta,
-                          draft_vocab=draft_vocab, draft_window=draft_window, draft_weights=draft_weights,
-                          tree=tree)
+                          drafting, tree=tree)
     methods.check(config)  # before the model loads: a wrong flag or store name should not cost seconds
     methods.check_datastore(config)
     truncate = parse_truncate(truncate)
@@ -151,10 +156,10 @@ class _Session:
 
     def __init__(self, loaded, config, sampling, max_new_tokens: int, seed: int | None, prefill_chunk: int) -> None:
         from graft_cli import methods
-        from graft_cli.limits import tree_reach
-        from graft_cli.loading import stop_ids
+        from graft_cli.method_config import tree_reach
+        from graft_cli.runtime.loading import stop_ids
         from graft_cli.prefill_bar import PrefillBar
-        from graft_cli.target import Target
+        from graft_cli.runtime.target import Target
 
         self.loaded, self.sampling, self.max_new_tokens = loaded, sampling, max_new_tokens
         self.limits, self.depth, self.truncate = loaded.limits, tree_reach(config, loaded.device), None
@@ -166,9 +171,9 @@ class _Session:
         self.last_text = ""
 
     def run(self, prompt, stream: bool, raw: bool | None = None):
-        from graft_cli.engine import decode
-        from graft_cli.loading import encode
-        from graft_cli.stats import Stats
+        from graft_cli.runtime.engine import decode
+        from graft_cli.runtime.loading import encode
+        from graft_cli.core import Stats
 
         ids = encode(self.loaded.tokenizer, prompt, self.raw if raw is None else raw)
         ids = self.limits.fit(ids, self.max_new_tokens, self.depth, self.truncate)  # before any forward
@@ -244,17 +249,3 @@ def _prompt_of(record) -> str | list[dict]:
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
             raise GraftError(f'messages[{i}] must be an object with "role" and "content" texts')
     return messages
-
-
-def _options(pairs: list[str], datastore: str | None):
-    from plugins.base import Options
-
-    options = Options()
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise GraftError(f"--retriever-opt expects KEY=VALUE, got '{pair}'")
-        options[key] = value
-    if datastore:
-        options["datastore"] = datastore
-    return options

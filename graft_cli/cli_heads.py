@@ -15,7 +15,7 @@ heads_app = typer.Typer(no_args_is_help=True, help="EAGLE-3 draft heads: train, 
 
 
 def _head_dir(out: Optional[str], name: Optional[str]) -> Path:
-    from graft_cli.errors import GraftError
+    from graft_cli.core import GraftError
     from graft_cli.heads import user_heads_dir
 
     if (out is None) == (name is None):
@@ -27,13 +27,16 @@ def _head_dir(out: Optional[str], name: Optional[str]) -> Path:
 
 @heads_app.command("train")
 def train(
-    data: List[str] = typer.Option(..., "--data", help="Corpus: JSONL, Parquet/Arrow files or folders (repeatable)."),
+    data: List[str] = typer.Option(..., "--data", help="Corpus: JSONL, Parquet/Arrow files or folders (repeatable), "
+                                   "or one packed token file (.npz)."),
     model: str = typer.Option(DEFAULT_MODEL, "--model", help="Target model (catalog name or path)."),
     out: Optional[str] = typer.Option(None, "--out", help="Write the trained head to this directory."),
     name: Optional[str] = typer.Option(None, "--name", help="Write the trained head to GRAFT_HOME/heads/NAME."),
     run: Optional[str] = typer.Option(None, "--run", help="Checkpoint directory (default GRAFT_HOME/train/NAME)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run's newest checkpoint exactly."),
     max_steps: int = typer.Option(2000, "--max-steps", help="Optimiser steps in all (the cosine schedule ends here)."),
+    max_minutes: Optional[float] = typer.Option(None, "--max-minutes", help="End by this wall time: the schedule "
+                                                "shrinks to the steps that fit, then a last checkpoint."),
     ttt: int = typer.Option(7, "--ttt", help="Training-time-test steps unrolled per batch."),
     step_decay: float = typer.Option(0.8, "--step-decay", help="Loss weight of TTT step k: DECAY**k."),
     draft_vocab: int = typer.Option(8192, "--draft-vocab", help="Draft vocabulary: the N most frequent tokens."),
@@ -65,7 +68,7 @@ def train(
         draft_vocab=draft_vocab, seq_len=seq_len, batch_size=batch_size, lr=lr, warmup=warmup,
         checkpoint_every=checkpoint_every, log_every=log_every, heldout_every=heldout_every, eval_sequences=eval_sequences,
         max_documents=max_documents, regenerate=regenerate,
-        regenerate_tokens=regenerate_tokens, seed=seed, device=device, threads=threads,
+        regenerate_tokens=regenerate_tokens, seed=seed, device=device, threads=threads, max_minutes=max_minutes,
     )
     typer.echo(str(run_training(settings, resume=resume)))
 
@@ -126,10 +129,10 @@ def eval_(
     import torch
 
     from graft_cli.bench.datasets import load_questions, resolve_dataset
-    from graft_cli.drafters.eagle3 import load_head
-    from graft_cli.errors import GraftError
+    from graft_cli.heads import load_head
+    from graft_cli.core import GraftError
     from graft_cli.heads.evaluate import evaluate_head
-    from graft_cli.loading import encode, load_model
+    from graft_cli.runtime.loading import encode, load_model
 
     if steps < 1 or max_new_tokens < 2:
         raise GraftError("--steps must be >= 1 and --max-new-tokens >= 2")

@@ -116,7 +116,7 @@ def vocab(
     (on a CPU by default; --draft-vocab N to choose). Prints the ranking's file on stdout."""
     from transformers import AutoTokenizer
 
-    from graft_cli import token_ranking
+    from graft_cli.runtime import token_ranking
     from graft_cli.catalog import resolve
     from graft_cli.heads.data import read_documents
 

@@ -12,7 +12,7 @@ from typing import Any
 
 
 class PrefillBar:
-    """A :data:`graft_cli.target.Progress` callback that draws a Rich bar."""
+    """A :data:`graft_cli.runtime.target.Progress` callback that draws a Rich bar."""
 
     def __init__(self, delay: float = 2.0, stream: Any = None) -> None:
         self.delay, self.stream = delay, stream if stream is not None else sys.stderr

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-from graft_cli.tree import ROOT, Tree
+from graft_cli.core import ROOT, Tree
 
 VOCAB = 97
 
@@ -60,7 +60,7 @@ def word_tokenizer(vocab: int = VOCAB, eos: int | None = None):
 
 
 def save_model_dir(path: Path, model, tokenizer) -> Path:
-    """A model directory ``graft_cli.loading.load_model`` reads like any downloaded one."""
+    """A model directory ``graft_cli.runtime.loading.load_model`` reads like any downloaded one."""
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -73,7 +73,7 @@ def write_eagle3_head(root: Path, target, hidden: int = 48, heads: int = 4, kv_h
     ``d2t`` mapping draft id d to target id 2d + 1)."""
     from safetensors.torch import save_file
 
-    from graft_cli.drafters.eagle3 import HeadConfig, expected_shapes
+    from graft_cli.heads import HeadConfig, expected_shapes
 
     vocab = target.config.vocab_size
     cfg = HeadConfig(hidden, heads, kv_heads, head_dim, intermediate, vocab, draft_vocab, 10000.0, 1e-6, "silu")

@@ -24,8 +24,7 @@ import numpy as np
 import torch
 
 from datastores.atomic import atomic_file
-from graft_cli.tree import Tree
-from plugins.base import RetrieverEnv, Step
+from graft_cli.core import RetrieverEnv, Step, Tree
 
 DEFAULT_TEMPLATE = (8, 10, 8, 6, 5, 4, 4, 4, 3)  # nodes per depth: 52 nodes, depth 9
 

@@ -10,9 +10,7 @@ verified, so it keeps learning while the engine's budget gives a weak group no s
 
 from __future__ import annotations
 
-from graft_cli.budget import Calibration
-from graft_cli.tree import Tree
-from plugins.base import Step
+from graft_cli.core import Calibration, Step, Tree
 
 
 def match_group(length: int, cap: int = 4) -> str:

@@ -13,8 +13,7 @@ its neighbours; deeper nodes multiply by the exact n-gram probability of each ne
 
 from __future__ import annotations
 
-from graft_cli.errors import GraftError
-from plugins.base import RetrieverEnv
+from graft_cli.core import GraftError, RetrieverEnv
 from plugins.store import StoreRetriever, option
 
 

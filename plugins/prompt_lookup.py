@@ -16,8 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from datastores.suffix_array import SEP, continuation_trie
-from graft_cli.tree import Tree
-from plugins.base import RetrieverEnv, Step
+from graft_cli.core import RetrieverEnv, Step, Tree
 from plugins.calibration import LookupCalibration, match_group
 from plugins.store import to_tree
 

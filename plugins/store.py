@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from graft_cli.errors import GraftError
-from graft_cli.tree import Tree
-from plugins.base import RetrieverDefaults, RetrieverEnv, Step
+from graft_cli.core import GraftError, RetrieverDefaults, RetrieverEnv, Step, Tree
 from plugins.calibration import LookupCalibration, match_group
 
 _OPEN: dict[tuple[str, str | None, str], Any] = {}  # opened stores, shared by the retrievers of one process

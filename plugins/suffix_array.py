@@ -18,8 +18,7 @@ target accepts that path, comparable across retrievers.
 
 from __future__ import annotations
 
-from graft_cli.errors import GraftError
-from plugins.base import RetrieverEnv
+from graft_cli.core import GraftError, RetrieverEnv
 from plugins.store import StoreRetriever, option
 
 

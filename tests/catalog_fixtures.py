@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from graft_cli.catalog import entries, fetch, install
-from graft_cli.errors import GraftError
+from graft_cli.core import GraftError
 
 
 

@@ -4,8 +4,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers.utils import logging as hf_logging
 
-import plugins
+from graft_cli import discovery
+
+# the tests' own model saving and loading print no progress bars or warnings into the output they check (graft's
+# commands quiet transformers themselves: graft_cli/cli.py)
+hf_logging.set_verbosity_error()
+hf_logging.disable_progress_bar()
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
@@ -27,7 +33,7 @@ def _declared_entry_points():
     top of the installed ones, so they test the code as it installs; a fresh install makes this a no-op.
     tests/test_drafter_plugins.py goes through real installed metadata."""
     declared = tomllib.loads(PYPROJECT.read_text())["project"]["entry-points"]
-    installed = plugins.entry_points
+    installed = discovery.entry_points
 
     def entry_points(**params):
         found = installed(**params)
@@ -37,5 +43,5 @@ def _declared_entry_points():
         return importlib.metadata.EntryPoints([*found, *missing]) if missing else found
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(plugins, "entry_points", entry_points)
+        patch.setattr(discovery, "entry_points", entry_points)
         yield

@@ -7,15 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from graft_cli.engine import decode
-from graft_cli.graft import GraftProposer
-from graft_cli.sampling import Sampling
-from graft_cli.stats import Stats
-from graft_cli.target import Target
-from graft_cli.tree import ROOT, Tree
-from plugins import load_factory
+from graft_cli.runtime.engine import decode
+from graft_cli.drafting.proposer import GraftProposer
+from graft_cli.runtime.sampling import Sampling
+from graft_cli.core import RetrieverEnv, ROOT, Stats, Step, Tree
+from graft_cli.runtime.target import Target
+from graft_cli.discovery import load_factory
 from plugins.adjacency import DEFAULT_TEMPLATE, AdjacencyRetriever
-from plugins.base import RetrieverEnv, Step
 from tests.test_tree import check_invariants
 from tests.tiny import VOCAB, tiny_model
 

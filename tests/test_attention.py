@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from graft_cli import attention
-from graft_cli.drafters.draft_model import DraftModelDrafter
-from graft_cli.graft import GraftProposer
-from graft_cli.target import Target
+from graft_cli.runtime import attention
+from plugins.draft_model import DraftModelDrafter
+from graft_cli.drafting.proposer import GraftProposer
+from graft_cli.runtime.target import Target
 from tests.test_kv_cache import tokens
 from tests.tiny import VOCAB, OracleTreeProposer, tiny_model
 

@@ -1,18 +1,19 @@
-"""graft's forwards run with cuDNN's attention switched off on a GPU (graft_cli/attention_kernels.py), and only
+"""graft's forwards run with cuDNN's attention switched off on a GPU (graft_cli/runtime/attention_kernels.py), and only
 while they run. On this CPU the switch is tested by counting the CPU as a GPU: the flag is torch's, device-free."""
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 
 import torch
 
-from graft_cli import attention_kernels as kernels
-from graft_cli.attention_kernels import NoCudnnAttention, attention_kernels
-from graft_cli.drafters.draft_model import DraftCache
-from graft_cli.drafters.eagle3 import load_head
-from graft_cli.target import Target
-from graft_cli.tree import ROOT, Tree
+from graft_cli.runtime import attention_kernels as kernels
+from graft_cli.runtime.attention_kernels import GroupedQueryAttention, NoCudnnAttention, attention_kernels
+from plugins.draft_model import DraftCache
+from graft_cli.heads import load_head
+from graft_cli.runtime.target import Target
+from graft_cli.core import ROOT, Tree
 from tests.test_eagle3 import target_model, write_head
 from tests.tiny import tiny_model
 
@@ -39,9 +40,17 @@ def test_the_switch_restores_what_was_there_and_nests():
         torch.backends.cuda.enable_cudnn_sdp(True)
 
 
-def test_only_a_gpu_gets_the_switch():
+def test_a_gpu_switches_cudnn_off_and_a_cpu_asks_for_grouped_attention(monkeypatch):
     assert isinstance(attention_kernels(torch.device("cuda")), NoCudnnAttention)
-    assert isinstance(attention_kernels(torch.device("cpu")), nullcontext)
+    assert isinstance(attention_kernels(torch.device("meta")), nullcontext)
+    monkeypatch.delenv(GroupedQueryAttention.SWITCH, raising=False)
+    grouped = attention_kernels(torch.device("cpu"))
+    with grouped:
+        assert os.environ[GroupedQueryAttention.SWITCH] == "1"
+        with grouped:  # nested: the outer setting survives the inner exit
+            pass
+        assert os.environ[GroupedQueryAttention.SWITCH] == "1"
+    assert GroupedQueryAttention.SWITCH not in os.environ  # the process as it was
 
 
 def test_every_forward_of_graft_runs_without_cudnn_attention(monkeypatch, tmp_path):

@@ -7,13 +7,15 @@ import json
 
 import pytest
 
-from graft_cli import lossless, plots
+from graft_cli import plots
+
+from graft_cli.runtime import lossless
 from graft_cli.bench.datasets import REPO_ROOT, Question, categories_of, load_questions, parse_questions, resolve_dataset
 from graft_cli.bench.execution import Conversation, execute, interleave, read_runs, run_question
 from graft_cli.bench.plan import MethodSpec, Variant, method_config, plan_methods
 from graft_cli.bench.results import summarize, table, write_answers
 from graft_cli.bench.runners import Turn
-from graft_cli.errors import GraftError
+from graft_cli.core import GraftError
 
 SPEC_BENCH_LINES = [
     '{"question_id": 81, "category": "writing", "turns": ["Write a travel blog post.", "Rewrite it: every sentence starts with A."]}',
@@ -192,7 +194,7 @@ def test_a_difference_where_ar_was_nearly_tied_is_a_tie_not_a_failure(margin, ti
 
 
 def test_first_difference_never_calls_a_length_difference_a_tie():
-    from graft_cli.lossless import first_difference
+    from graft_cli.runtime.lossless import first_difference
 
     assert first_difference([1, 2, 3], [1, 2, 3], None, 1.0) is None
     assert first_difference([1, 2], [1, 2, 3], [0.0, 0.0, 0.0], 1.0).tie is False
@@ -367,7 +369,7 @@ def test_variants_run_as_named_methods_with_their_own_settings():
     assert specs[3].method == "graft" and specs[3].as_dict()["opts"] == {"depth": "14"}
     assert "opts" not in specs[1].as_dict()  # fingerprints of plain methods stay as they were
     config = method_config(specs[3], {}, "draft", {"depth": "6", "draft_top_k": "3"})
-    assert (config.method, config.depth, config.draft_top_k) == ("graft", 14, 3)  # the variant wins over --method-opt
+    assert (config.method, config.drafting.depth, config.drafting.draft_top_k) == ("graft", 14, 3)  # the variant wins over --method-opt
     with pytest.raises(GraftError, match="name of a method"):
         plan_methods(["graft"], ["ar", "graft"], [], {"graft": Variant("graft", {})})
     with pytest.raises(GraftError, match="not an engine method"):

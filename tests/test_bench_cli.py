@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 
-from graft_cli import profile
+import dataclasses
+
+from graft_cli.core.defaults import CPU, DEVICES
+from graft_cli.drafting import profile
 from graft_cli.bench.runners import PeerRunner, shared_models
 from tests.bench_fixtures import run_cli, tiny_dir  # noqa: F401 - tiny_dir: the fixture
 
@@ -107,7 +110,7 @@ def test_cli_bench_repeats_report_the_fastest_round_of_agreeing_runs(tiny_dir, t
 
 def test_cli_bench_budgets_with_auto(tiny_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GRAFT_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(profile, "CPU_SIZES", (1, 2, 4, 8))
+    monkeypatch.setitem(DEVICES, "cpu", dataclasses.replace(CPU, profile_sizes=(1, 2, 4, 8)))
     monkeypatch.setattr(profile, "REPEATS", 1)
     out = tmp_path / "out"
     code, stdout, stderr = run_cli(["bench", "--model", str(tiny_dir), "--dataset", str(_dataset(tmp_path)),
@@ -144,7 +147,7 @@ def test_cli_bench_mismatch_exits_1_after_writing_results(tiny_dir, tmp_path, ca
     assert results["lossless"]["mismatches"][0]["ar_margin"] > 1e-3  # a real difference, not a tie
 
     # the same flip where ar's top two logits were tied is a floating-point tie: shown, counted, exit 0
-    from graft_cli.lossless import MarginTarget
+    from graft_cli.runtime.lossless import MarginTarget
 
     monkeypatch.setattr(MarginTarget, "margins", lambda self: [0.0] * len(self._margins))
     code, stdout, stderr = run_cli(["bench", "--model", str(tiny_dir), "--dataset", str(_dataset(tmp_path)),
@@ -159,7 +162,7 @@ def test_cli_bench_mismatch_exits_1_after_writing_results(tiny_dir, tmp_path, ca
 
 
 def test_shared_models_hands_out_the_loaded_copy(tiny_dir):
-    from graft_cli import loading
+    from graft_cli.runtime import loading
 
     loaded = loading.load_model(str(tiny_dir), "cpu")
     original = loading.load_model

@@ -8,21 +8,23 @@ import numpy as np
 import pytest
 import torch
 
-from graft_cli import profile
-from graft_cli.budget import LatencyModel
-from graft_cli.errors import GraftError
-from graft_cli.stats import Stats
-from graft_cli.tree import ROOT, Tree
+import dataclasses
+
+from graft_cli.method_config import parse_budget
+from graft_cli.core.defaults import CPU, DEVICES
+from graft_cli.drafting import profile
+from graft_cli.drafting.budget import LatencyModel
+from graft_cli.core import GraftError, ROOT, Stats, Tree
 from tests.bench_fixtures import run_cli, tiny_dir  # noqa: F401 - tiny_dir: the fixture
 
 
 def test_parse_budget():
-    assert profile.parse_budget(None) is None
-    assert profile.parse_budget("auto") == "auto" and profile.parse_budget(" AUTO ") == "auto"
-    assert profile.parse_budget("12") == 12
+    assert parse_budget(None) is None
+    assert parse_budget("auto") == "auto" and parse_budget(" AUTO ") == "auto"
+    assert parse_budget("12") == 12
     for bad in ("x", "-1", "1.5"):
         with pytest.raises(GraftError, match="--budget"):
-            profile.parse_budget(bad)
+            parse_budget(bad)
 
 
 class _Inner:
@@ -100,10 +102,10 @@ def test_profile_curve_takes_the_fastest_run_and_never_falls():
 
 
 def test_profile_is_measured_once_and_cached(tiny_dir, tmp_path, monkeypatch):
-    from graft_cli.loading import load_model
+    from graft_cli.runtime.loading import load_model
 
     monkeypatch.setenv("GRAFT_HOME", str(tmp_path))
-    monkeypatch.setattr(profile, "CPU_SIZES", (1, 2, 4, 8))
+    monkeypatch.setitem(DEVICES, "cpu", dataclasses.replace(CPU, profile_sizes=(1, 2, 4, 8)))
     monkeypatch.setattr(profile, "REPEATS", 2)
     loaded = load_model(str(tiny_dir), "cpu")
     latency = profile.latency_model(loaded, quiet=True)
@@ -125,10 +127,10 @@ def test_profile_is_measured_once_and_cached(tiny_dir, tmp_path, monkeypatch):
 
 
 def test_profile_measures_what_the_context_adds(tiny_dir, tmp_path, monkeypatch):
-    from graft_cli.loading import load_model
+    from graft_cli.runtime.loading import load_model
 
     monkeypatch.setenv("GRAFT_HOME", str(tmp_path))
-    monkeypatch.setattr(profile, "CPU_SIZES", (1, 16))
+    monkeypatch.setitem(DEVICES, "cpu", dataclasses.replace(CPU, profile_sizes=(1, 16)))
     monkeypatch.setattr(profile, "LONG_CONTEXT", 400)
     timings = {profile.CONTEXT: {1: [1.0], 16: [2.0]}, 400: {1: [1.8], 16: [4.3]}}
     monkeypatch.setattr(profile, "measure", lambda model, sizes, context=profile.CONTEXT, **k: timings[context])
@@ -139,26 +141,20 @@ def test_profile_measures_what_the_context_adds(tiny_dir, tmp_path, monkeypatch)
 
 def test_build_auto_wraps_the_method_at_the_cap(tiny_dir, tmp_path, monkeypatch):
     from graft_cli import methods
-    from graft_cli.loading import load_model
+    from graft_cli.runtime.loading import load_model
 
     monkeypatch.setenv("GRAFT_HOME", str(tmp_path))
     monkeypatch.setattr(profile, "measure", lambda model, sizes, **k: {n: [1.0 + n / 8] for n in (1, 2, 4, 8, 16)})
     loaded = load_model(str(tiny_dir), "cpu")
-    seen = []
-
-    def fake_build(config, loaded, latency=None):
-        seen.append(config.budget)
-        return methods.build(config, loaded, latency)
-
-    proposer = profile.build_auto(methods.MethodConfig("pld", "auto"), loaded, fake_build)
-    assert isinstance(proposer, profile.AutoBudget) and seen == [15]
+    proposer = methods.build(methods.MethodConfig("pld", "auto"), loaded)
+    assert isinstance(proposer, profile.AutoBudget) and proposer.inner.budget == 15  # the cap: 16 fed, root included
     assert proposer.latency.points[16] == 3.0
-    assert not isinstance(profile.build_auto(methods.MethodConfig("ar", "auto"), loaded, fake_build), profile.AutoBudget)
+    assert not isinstance(methods.build(methods.MethodConfig("ar", "auto"), loaded), profile.AutoBudget)
 
 
 def test_generate_budget_auto_reports_the_chosen_budget(tiny_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GRAFT_HOME", str(tmp_path))
-    monkeypatch.setattr(profile, "CPU_SIZES", (1, 2, 4, 8))
+    monkeypatch.setitem(DEVICES, "cpu", dataclasses.replace(CPU, profile_sizes=(1, 2, 4, 8)))
     monkeypatch.setattr(profile, "REPEATS", 1)
     argv = ["generate", "--model", str(tiny_dir), "--method", "pld", "--budget", "auto", "--stats", "-n", "8",
             "--prompt", "one two three one two three one two three"]

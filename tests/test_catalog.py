@@ -15,7 +15,7 @@ import pytest
 
 from graft_cli.catalog import checksums, entries, fetch, install, resolve
 from graft_cli.catalog.home import MANIFEST, graft_home, is_pulled, read_manifest
-from graft_cli.errors import GraftError
+from graft_cli.core import GraftError
 from tests.catalog_fixtures import (FakeIndex, chunked, fake_convert, fake_entry, home, leftovers,  # noqa: F401
                                     single, write_safetensors)  # chunked, home, single: the fixtures
 

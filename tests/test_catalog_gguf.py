@@ -11,7 +11,7 @@ import pytest
 
 from graft_cli.catalog import checksums, gguf, install, resolve
 from graft_cli.catalog.home import MANIFEST, read_manifest
-from graft_cli.errors import GraftError
+from graft_cli.core import GraftError
 from tests.catalog_fixtures import fake_convert, home, leftovers  # noqa: F401 - home: the fixture
 
 

@@ -4,6 +4,7 @@ operating system is part of the case (pipes)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 
@@ -60,14 +61,14 @@ def test_a_closed_stdout_ends_a_jsonl_run_quietly(tiny_dir, tmp_path):
     (["--draft", "x", "--draft-weights", "int4"], "--draft-weights must be one of fp16, full, got 'int4'"),
 ])
 def test_method_and_datastore_are_checked_before_the_model_loads(argv, message, capsys, monkeypatch, tmp_path):
-    import graft_cli.loading
+    import graft_cli.runtime.loading
 
     monkeypatch.setenv("GRAFT_HOME", str(tmp_path))
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the flags were checked")
 
-    monkeypatch.setattr(graft_cli.loading, "load_model", no_loading)
+    monkeypatch.setattr(graft_cli.runtime.loading, "load_model", no_loading)
     code, _, err = run_main(["generate", "-p", "hi", *argv], capsys)
     assert code == 2 and err.count("\n") == 1 and message in err
 
@@ -105,10 +106,11 @@ def test_the_same_seed_gives_the_same_text_across_methods_sessions_and_learned_s
                                                                                      monkeypatch):
     """`--jsonl` lines after the first see warm retrievers, `--adjacency-file` state from an earlier run and
     `--budget auto` a measured profile: none of it may change sampled text."""
-    from graft_cli import profile
+    from graft_cli.core.defaults import CPU, DEVICES
+    from graft_cli.drafting import profile
 
     monkeypatch.setenv("GRAFT_HOME", str(tmp_path))
-    monkeypatch.setattr(profile, "CPU_SIZES", (1, 2, 4, 8))
+    monkeypatch.setitem(DEVICES, "cpu", dataclasses.replace(CPU, profile_sizes=(1, 2, 4, 8)))
     monkeypatch.setattr(profile, "REPEATS", 1)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"id": i, "prompt": "one two three one two three"}) + "\n" for i in range(3)))

@@ -7,10 +7,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from graft_cli import cpu_linear
-from graft_cli.cpu_linear import CpuLinear, use_cpu_linears
-from graft_cli.graft import GraftProposer
-from graft_cli.loading import cpu_kernels
+from graft_cli.runtime import cpu_linear
+from graft_cli.runtime.cpu_linear import CpuLinear, use_cpu_linears
+from graft_cli.drafting.proposer import GraftProposer
 from tests.test_engine import OracleTreeProposer, run
 from tests.tiny import VOCAB, tiny_model
 
@@ -58,7 +57,7 @@ def test_tied_weights_stay_tied_and_other_dtypes_are_left_alone():
 def test_random_trees_stay_lossless_through_the_cpu_kernels(kind):
     for seed in range(3):
         model = tiny_model(kind, seed=seed)
-        cpu_kernels(model)
+        use_cpu_linears(model)
         prompt = np.random.default_rng(seed).integers(0, VOCAB, 12).tolist()
         truth = run(model, GraftProposer(0), prompt, 60)
         assert run(model, OracleTreeProposer(truth, len(prompt), seed, "mixed"), prompt, 60) == truth

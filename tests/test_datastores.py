@@ -197,8 +197,8 @@ def test_incomplete_and_mixed_shards_are_refused(tmp_path, random_store, model_d
 def test_suffix_array_retriever_plugin(random_store, tmp_path):
     from importlib.metadata import entry_points
 
-    from graft_cli.errors import GraftError
-    from plugins.base import RetrieverEnv
+    from graft_cli.core import GraftError
+    from graft_cli.core import RetrieverEnv
     from plugins.suffix_array import make
     from tokenizers import Tokenizer
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graft_cli.engine import decode
-from graft_cli.errors import GraftError
-from graft_cli.graft import GraftProposer
-from graft_cli.loading import load_model, parse_device_map
-from graft_cli.sampling import Sampling
+from graft_cli.runtime.engine import decode
+from graft_cli.core import GraftError
+from graft_cli.drafting.proposer import GraftProposer
+from graft_cli.runtime.loading import load_model, parse_device_map
+from graft_cli.runtime.sampling import Sampling
 from graft_cli.synthetic import VOCAB, OracleTreeProposer, save_model_dir, tiny_model, word_tokenizer
-from graft_cli.target import Target
+from graft_cli.runtime.target import Target
 
 PLACED = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "cpu", "model.norm": "cpu",
           "model.rotary_emb": "cpu", "lm_head": "cpu"}

@@ -12,17 +12,18 @@ from pathlib import Path
 
 import pytest
 
-import plugins
+from graft_cli import discovery
+from graft_cli.core import DraftSettings, GraftError, PruneSchedule
 from graft_cli import methods
-from graft_cli.drafters.registry import DrafterEnv, load_drafter, parse_draft
-from graft_cli.engine import decode
-from graft_cli.errors import GraftError
-from graft_cli.loading import Loaded
+from graft_cli.core import DrafterEnv
+from graft_cli.method_config import parse_draft
+from graft_cli.methods import load_drafter
+from graft_cli.runtime.engine import decode
+from graft_cli.runtime.loading import Loaded
 from graft_cli.methods import MethodConfig
-from graft_cli.prune import PruneSchedule
-from graft_cli.sampling import Sampling
+from graft_cli.runtime.sampling import Sampling
 from graft_cli.synthetic import save_model_dir, word_tokenizer
-from graft_cli.target import Target
+from graft_cli.runtime.target import Target
 from tests.test_cli import run_main
 from tests.tiny import tiny_model
 
@@ -45,13 +46,13 @@ def install_dist(site: Path, name: str, entry_points: dict[str, dict[str, str]],
 @pytest.fixture
 def echo_installed(tmp_path, monkeypatch):
     """The doc's drafter (its pyproject and module taken from the doc itself) and a broken drafter, installed."""
-    section = DOC.read_text().split("# Drafter plugins", 1)[1]
+    section = DOC.read_text().split("## Drafters", 1)[1]
     blocks = dict(re.findall(r"```(toml|python)\n(.*?)```", section, re.S))
     project = tomllib.loads(blocks["toml"])["project"]
     site = tmp_path / "site"
     site.mkdir()
     install_dist(site, project["name"], project["entry-points"], {"graft_echo": blocks["python"]})
-    install_dist(site, "graft-broken-drafter", {plugins.DRAFTERS: {"broken": "graft_broken_drafter:make"}},
+    install_dist(site, "graft-broken-drafter", {discovery.DRAFTERS: {"broken": "graft_broken_drafter:make"}},
                  {"graft_broken_drafter": "raise RuntimeError('this drafter is broken')\n"})
     monkeypatch.syspath_prepend(str(site))
     importlib.invalidate_caches()
@@ -70,7 +71,7 @@ def generate(capsys, model: Path, *flags: str) -> str:
 
 
 def test_the_doc_drafter_installs_and_generates_exactly_what_ar_does(echo_installed, tiny_dir, capsys):
-    found = plugins.discover(plugins.DRAFTERS)
+    found = discovery.discover(discovery.DRAFTERS)
     assert found["echo"].package == "graft-echo" and found["echo"].version == "0.1.0"  # real installed metadata
     assert {"model", "eagle3"} <= set(found)
     assert parse_draft("echo:3") == ("echo", "3")
@@ -83,7 +84,7 @@ def test_the_doc_drafter_installs_and_generates_exactly_what_ar_does(echo_instal
     model = tiny_model(seed=0)
     loaded = Loaded(model, word_tokenizer(), tiny_dir, "tiny")
     prompt = [int(w[1:]) for w in PROMPT.split()]
-    proposer = methods.build(MethodConfig("dense", 6, draft="echo:3", depth=3), loaded)
+    proposer = methods.build(MethodConfig("dense", 6, draft="echo:3", drafting=DraftSettings(depth=3)), loaded)
     ar = [t for s in decode(Target(model), methods.build(MethodConfig("ar"), loaded), prompt, Sampling(), 24, set()) for t in s]
     assert [t for s in decode(Target(model), proposer, prompt, Sampling(), 24, set()) for t in s] == ar
     assert proposer.trace and all(r["draft"] == 3 and r["levels"] == 3 for r in proposer.trace)
@@ -124,16 +125,16 @@ def test_a_kind_counts_only_when_installed_so_paths_and_names_stay_draft_models(
                          ("model:", "nothing after 'model:'")]:
         with pytest.raises(GraftError, match=re.escape(message)):
             parse_draft(bad)
-    monkeypatch.setattr(plugins, "entry_points", lambda **params: importlib.metadata.EntryPoints(()))
+    monkeypatch.setattr(discovery, "entry_points", lambda **params: importlib.metadata.EntryPoints(()))
     with pytest.raises(GraftError, match=r"built-in drafters are not registered .*reinstall graft"):
         parse_draft("qwen2.5-coder-0.5b-instruct")  # a stale install says so, not "unknown drafter 'model'"
 
 
 def test_the_builtin_factories_take_the_env(monkeypatch):
-    """`model` loads --draft through graft_cli.loading (so graft bench's shared copy is used) on the target's
+    """`model` loads --draft through graft_cli.runtime.loading (so graft bench's shared copy is used) on the target's
     device and dtype, with the env's tree settings."""
-    from graft_cli import loading
-    from graft_cli.drafters.draft_model import DraftModelDrafter
+    from graft_cli.runtime import loading
+    from plugins.draft_model import DraftModelDrafter
 
     target = Loaded(tiny_model(seed=1), word_tokenizer(), Path("."), "tiny")
     asked = []
@@ -144,7 +145,7 @@ def test_the_builtin_factories_take_the_env(monkeypatch):
 
     monkeypatch.setattr(loading, "load_model", load_model)
     prune = PruneSchedule.default()
-    drafter = load_drafter("model", DrafterEnv(target, "a:b", depth=3, top_k=2, prune=prune))
+    drafter = load_drafter("model", DrafterEnv(target, "a:b", DraftSettings(depth=3, draft_top_k=2, draft_window=0, draft_weights="full"), prune))
     assert isinstance(drafter, DraftModelDrafter) and asked == [("a:b", "cpu", "float32")]
     assert (drafter.depth, drafter.top_k, drafter.prune, drafter.chain) == (3, 2, prune, False)
 
@@ -153,8 +154,8 @@ def test_plugins_list_shows_drafters_and_where_they_come_from(echo_installed, ca
     code, out, _ = run_main(["plugins", "list", "--json"], capsys)
     rows = {(r["kind"], r["name"]): r for r in map(json.loads, out.splitlines())}
     assert code == 0 and ("retriever", "prompt") in rows
-    assert rows[("drafter", "model")]["module"] == "graft_cli.drafters.draft_model:make"
-    assert rows[("drafter", "eagle3")]["module"] == "graft_cli.drafters.eagle3:make"
+    assert rows[("drafter", "model")]["module"] == "plugins.draft_model:make"
+    assert rows[("drafter", "eagle3")]["module"] == "plugins.eagle3:make"
     echo = rows[("drafter", "echo")]
     assert (echo["package"], echo["version"], echo["ok"]) == ("graft-echo", "0.1.0", True)
     assert not rows[("drafter", "broken")]["ok"]

@@ -11,20 +11,16 @@ import numpy as np
 import pytest
 import torch
 
+from graft_cli.core import DraftSettings, GraftError, PruneSchedule, Stats, Step, Tree
 from graft_cli import methods
-from graft_cli.drafters.draft_model import DraftModelDrafter, check_vocab
-from graft_cli.engine import decode
-from graft_cli.errors import GraftError
-from graft_cli.graft import GraftProposer
-from graft_cli.loading import Loaded
+from plugins.draft_model import DraftModelDrafter, check_vocab
+from graft_cli.runtime.engine import decode
+from graft_cli.drafting.proposer import GraftProposer
+from graft_cli.runtime.loading import Loaded
 from graft_cli.methods import MethodConfig
-from graft_cli.prune import PruneSchedule
-from graft_cli.sampling import Sampling
-from graft_cli.stats import Stats
-from graft_cli.target import Target
-from graft_cli.tree import Tree
+from graft_cli.runtime.sampling import Sampling
+from graft_cli.runtime.target import Target
 from plugins.adjacency import AdjacencyRetriever
-from plugins.base import Step
 from plugins.prompt_lookup import PromptLookup
 from tests.tiny import VOCAB, tiny_model
 
@@ -110,7 +106,7 @@ def test_a_windowed_draft_reads_the_sink_and_the_tail_and_stays_lossless():
     """A prompt past --draft-window: the draft's cache holds its first SINK tokens and the last window - SINK at
     positions from 0, then the generated tokens; its distribution is a fresh forward over exactly that; the output
     is plain decoding's."""
-    from graft_cli.drafters.draft_model import SINK
+    from plugins.draft_model import SINK
 
     target, draft = similar_draft("llama", 3)
     prompt = np.random.default_rng(4).integers(0, VOCAB, 150).tolist()
@@ -162,12 +158,9 @@ def test_method_wiring(monkeypatch):
     seen = {}
 
     def fake_drafter(kind, env):
-        seen.update(kind=kind, spec=env.spec, depth=env.depth, top_k=env.top_k, prune=env.prune, chain=env.chain)
-        return DraftModelDrafter(tiny_model(seed=2), VOCAB, env.depth, env.top_k, env.prune, env.chain)
-
-    from graft_cli.drafters import registry
-
-    monkeypatch.setattr(registry, "load_drafter", fake_drafter)
+        seen.update(kind=kind, spec=env.spec, depth=env.settings.depth, top_k=env.settings.draft_top_k, prune=env.prune, chain=env.settings.chain)
+        return DraftModelDrafter(tiny_model(seed=2), VOCAB, env.settings.depth, env.settings.draft_top_k, env.prune, env.settings.chain)
+    monkeypatch.setattr(methods, "load_drafter", fake_drafter)
     names = {}
     real = methods.make_retrievers
 
@@ -177,14 +170,14 @@ def test_method_wiring(monkeypatch):
 
     monkeypatch.setattr(methods, "make_retrievers", recording)
 
-    p = methods.build(MethodConfig("dense", 10, draft="d", depth=3, draft_top_k=2), loaded)
+    p = methods.build(MethodConfig("dense", 10, draft="d", drafting=DraftSettings(depth=3, draft_top_k=2)), loaded)
     assert p.drafter is not None and seen["prune"] is None and names["last"] == [] and p.budget == 10
     assert (seen["kind"], seen["spec"], seen["depth"], seen["top_k"]) == ("model", "d", 3, 2)  # a bare name: a model
-    p = methods.build(MethodConfig("pruned", draft="d", prune_at="0:0.5"), loaded)
+    p = methods.build(MethodConfig("pruned", draft="d", drafting=DraftSettings(prune_at="0:0.5")), loaded)
     assert seen["prune"] == PruneSchedule.parse("0:0.5", floor=0.1) and p.budget == 16  # the CPU defaults
-    p = methods.build(MethodConfig("graft", draft="d", chain=True, tree="fixed"), loaded)
+    p = methods.build(MethodConfig("graft", draft="d", tree="fixed", drafting=DraftSettings(chain=True)), loaded)
     assert seen["prune"] == PruneSchedule.default() and seen["chain"] and p.tail
-    p = methods.build(MethodConfig("graft", draft="d", chain=True), loaded)  # by cost: the floor, no checkpoints
+    p = methods.build(MethodConfig("graft", draft="d", drafting=DraftSettings(chain=True)), loaded)  # by cost: the floor, no checkpoints
     assert seen["prune"] == PruneSchedule.parse("none", floor=0.1) and p.objective is not None
     assert [r.name for r in p.retrievers] == ["prompt", "recycling"]
     names.clear()
@@ -194,7 +187,7 @@ def test_method_wiring(monkeypatch):
     assert p.drafter is None and [r.name for r in p.retrievers] == ["recycling"]
     assert methods.build(MethodConfig("graft"), loaded).drafter is None  # no --draft: retrievers only
     for bad in [MethodConfig("dense"), MethodConfig("pruned"), MethodConfig("pld", draft="d"),
-                MethodConfig("dense", draft="d", prune_at="0:0.3"), MethodConfig("graft", chain=True),
+                MethodConfig("dense", draft="d", drafting=DraftSettings(prune_at="0:0.3")), MethodConfig("graft", drafting=DraftSettings(chain=True)),
                 MethodConfig("nope")]:
         with pytest.raises(GraftError):
             methods.build(bad, loaded)
@@ -203,14 +196,14 @@ def test_method_wiring(monkeypatch):
 # --- the real pair ------------------------------------------------------------------------------------------------
 @pytest.mark.real_model
 def test_real_qwen_pair_is_lossless(monkeypatch):
-    from graft_cli.loading import encode, load_model, stop_ids
+    from graft_cli.runtime.loading import encode, load_model, stop_ids
 
     # Packing would double the pair's 9 GB of fp32 weights (the suite must peak under 12 GB); the packed kernels
     # are checked on the tiny models and on SmolLM2 (tests/test_cpu_linear.py, tests/test_real_model.py).
     monkeypatch.setenv("GRAFT_CPU_PACK", "0")
 
     target = load_model("qwen2.5-coder-1.5b-instruct", "cpu", "float32")
-    config = MethodConfig("graft", 8, draft="qwen2.5-coder-0.5b-instruct", depth=4, draft_top_k=2)
+    config = MethodConfig("graft", 8, draft="qwen2.5-coder-0.5b-instruct", drafting=DraftSettings(depth=4, draft_top_k=2))
     proposer = methods.build(config, target)
     stop = stop_ids(target)
     prompts = ["Write a Python function that returns the n-th Fibonacci number.",
@@ -227,7 +220,7 @@ def test_real_qwen_pair_is_lossless(monkeypatch):
 
 
 def test_a_reduced_draft_vocabulary_drafts_only_its_ids_and_stays_lossless():
-    from graft_cli.drafters.draft_model import draft_vocab
+    from plugins.draft_model import draft_vocab
 
     class Tok:
         all_special_ids = [VOCAB - 1]
@@ -273,7 +266,7 @@ def reference_draft(drafter, context, budget):
     """EAGLE-2 with a per-node pool, as TreeDrafter.draft was written before its pool moved to the device: the
     tree, the pool, the fed rows, levels, the stopping checkpoint and the forwards, through drafter's own
     _root/_grow (it keeps drafter.tree_rows as draft does)."""
-    from graft_cli.tree import ROOT, Tree
+    from graft_cli.core import ROOT, Tree
 
     pool, fed, k, prune = Tree(), {}, drafter.top_k, drafter.prune
     logp, states = drafter._root(context)
@@ -374,7 +367,7 @@ def test_tensor_pool_matches_the_per_node_algorithm_on_synthetic_logits(schedule
 def test_tensor_pool_matches_the_per_node_algorithm_on_a_tiny_model(schedule):
     """Two draft models with the same weights, one drafting the new way, one the old, step after step: the
     trees, the KV-cache rows kept after each (pretend) verification and the cache lengths stay equal."""
-    from graft_cli.tree import ROOT
+    from graft_cli.core import ROOT
 
     for init in (0.02, 0.3):  # flat distributions (early stops) and peaked ones (deep trees)
         model = tiny_model("llama", seed=11, init=init)

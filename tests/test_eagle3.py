@@ -10,17 +10,16 @@ import numpy as np
 import pytest
 import torch
 
+from graft_cli.core import DraftSettings, GraftError, PruneSchedule, Stats
 from graft_cli import methods
-from graft_cli.drafters.eagle3 import Eagle3Drafter, expected_shapes, layer_indices, load_head
-from graft_cli.engine import decode
-from graft_cli.errors import GraftError
-from graft_cli.graft import GraftProposer
-from graft_cli.loading import Loaded
+from graft_cli.heads import expected_shapes, layer_indices, load_head
+from plugins.eagle3 import Eagle3Drafter
+from graft_cli.runtime.engine import decode
+from graft_cli.drafting.proposer import GraftProposer
+from graft_cli.runtime.loading import Loaded
 from graft_cli.methods import MethodConfig
-from graft_cli.prune import PruneSchedule
-from graft_cli.sampling import Sampling
-from graft_cli.stats import Stats
-from graft_cli.target import Target
+from graft_cli.runtime.sampling import Sampling
+from graft_cli.runtime.target import Target
 from plugins.adjacency import AdjacencyRetriever
 from plugins.prompt_lookup import PromptLookup
 from tests.tiny import VOCAB, tiny_model
@@ -47,7 +46,7 @@ def write_head(root: Path, target, hidden=48, heads=4, kv_heads=2, head_dim=16, 
                   intermediate_size=inter, vocab_size=vocab, draft_vocab_size=draft_vocab, rms_norm_eps=1e-6,
                   hidden_act="silu", **(config_extra or {}))
     (root / "config.json").write_text(json.dumps(config))
-    from graft_cli.drafters.eagle3 import HeadConfig
+    from graft_cli.heads import HeadConfig
 
     cfg = HeadConfig(hidden, heads, kv_heads, head_dim, inter, vocab, draft_vocab, 10000.0, 1e-6, "silu")
     gen = torch.Generator().manual_seed(seed)
@@ -166,7 +165,7 @@ def test_build_with_eagle3_spec(tmp_path):
     target = target_model()
     head_dir = write_head(tmp_path / "h", target)
     loaded = Loaded(target, None, Path("."), "tiny")
-    p = methods.build(MethodConfig("graft", 8, draft=f"eagle3:{head_dir}", rope_theta=1e6), loaded)
+    p = methods.build(MethodConfig("graft", 8, draft=f"eagle3:{head_dir}", drafting=DraftSettings(rope_theta=1e6)), loaded)
     assert isinstance(p.drafter, Eagle3Drafter) and p.wants_hidden and p.drafter.head.cfg.rope_theta == 1e6
     prompt = [1, 2, 3, 4, 5, 6]
     assert run(target, p, prompt, 20) == run(target, GraftProposer(0), prompt, 20)

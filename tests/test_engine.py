@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from graft_cli.engine import decode
-from graft_cli.graft import GraftProposer
-from graft_cli.sampling import Sampling
-from graft_cli.stats import Stats
-from graft_cli.target import Target
-from graft_cli.tree import Tree
+from graft_cli.runtime.engine import decode
+from graft_cli.drafting.proposer import GraftProposer
+from graft_cli.runtime.sampling import Sampling
+from graft_cli.core import Stats, Tree
+from graft_cli.runtime.target import Target
 from tests.tiny import VOCAB, OracleTreeProposer, tiny_model
 
 

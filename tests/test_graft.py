@@ -9,16 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-import graft_cli.engine as engine
-from graft_cli.drafters import TreeDrafter
-from graft_cli.drafters.draft_model import DraftModelDrafter
-from graft_cli.errors import GraftError
-from graft_cli.graft import GraftProposer
-from graft_cli.prune import PruneSchedule
-from graft_cli.sampling import Sampling
-from graft_cli.stats import Stats
-from graft_cli.target import Target
-from graft_cli.tree import ROOT, Tree
+import graft_cli.runtime.engine as engine
+from graft_cli.drafting.tree_drafter import TreeDrafter
+from plugins.draft_model import DraftModelDrafter
+from graft_cli.core import GraftError, PruneSchedule, ROOT, Stats, Tree
+from graft_cli.drafting.proposer import GraftProposer
+from graft_cli.runtime.sampling import Sampling
+from graft_cli.runtime.target import Target
 from plugins.adjacency import AdjacencyRetriever
 from plugins.prompt_lookup import PromptLookup
 from tests.test_sampling import PROMPT, SETTINGS, V, chi_square_rejects, exact_joint

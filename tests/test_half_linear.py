@@ -8,15 +8,15 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from graft_cli.core import DraftSettings, GraftError, Stats
 from graft_cli import methods
-from graft_cli.cpu_linear import CpuLinear, use_cpu_linears
-from graft_cli.drafters import draft_model
-from graft_cli.drafters.draft_model import DraftModelDrafter, draft_vocab
-from graft_cli.errors import GraftError
-from graft_cli.graft import GraftProposer
-from graft_cli.half_linear import HalfLinear, half_available, half_copy
+from graft_cli.method_config import draft_weights_for
+from graft_cli.runtime.cpu_linear import CpuLinear, use_cpu_linears
+from plugins import draft_model
+from plugins.draft_model import DraftModelDrafter, draft_vocab
+from graft_cli.drafting.proposer import GraftProposer
+from graft_cli.runtime.half_linear import HalfLinear, half_available, half_copy
 from graft_cli.methods import MethodConfig
-from graft_cli.stats import Stats
 from tests.test_drafters import run, similar_draft, tiny_loaded
 from tests.tiny import VOCAB, tiny_model
 
@@ -72,27 +72,24 @@ def test_a_half_weight_draft_stays_lossless(kind, reduced):
 
 
 def test_draft_weights_default_to_fp16_on_a_cpu_and_are_checked(monkeypatch):
-    assert methods.default_draft_weights("cpu") == "fp16" and methods.default_draft_weights("cuda") == "full"
+    assert draft_weights_for("cpu") == "fp16" and draft_weights_for("cuda") == "full"
     seen = []
-    import graft_cli.loading
+    import graft_cli.runtime.loading
 
-    monkeypatch.setattr(graft_cli.loading, "load_model", lambda spec, device, dtype: tiny_loaded(tiny_model(seed=2)))
+    monkeypatch.setattr(graft_cli.runtime.loading, "load_model", lambda spec, device, dtype: tiny_loaded(tiny_model(seed=2)))
     real_make = draft_model.make
 
     def make(env):
-        seen.append(env.draft_weights)
+        seen.append(env.settings.draft_weights)
         return real_make(env)
-
-    from graft_cli.drafters import registry
-
-    monkeypatch.setattr(registry, "load_drafter", lambda kind, env: make(env))
+    monkeypatch.setattr(methods, "load_drafter", lambda kind, env: make(env))
     loaded = tiny_loaded(tiny_model(seed=1))
     p = methods.build(MethodConfig("dense", 8, draft="d"), loaded)
     assert seen[-1] == "fp16" and type(p.drafter.cache.model.lm_head) is HalfLinear
-    p = methods.build(MethodConfig("dense", 8, draft="d", draft_weights="full"), loaded)
+    p = methods.build(MethodConfig("dense", 8, draft="d", drafting=DraftSettings(draft_weights="full")), loaded)
     assert seen[-1] == "full" and type(p.drafter.cache.model.lm_head) is not HalfLinear
     with pytest.raises(GraftError, match="--draft-weights must be one of fp16, full"):
-        methods.build(MethodConfig("dense", 8, draft="d", draft_weights="int4"), loaded)
+        methods.build(MethodConfig("dense", 8, draft="d", drafting=DraftSettings(draft_weights="int4")), loaded)
     monkeypatch.setattr(draft_model, "half_available", lambda: False)
     with pytest.raises(GraftError, match="no FBGEMM"):
-        methods.build(MethodConfig("dense", 8, draft="d", draft_weights="fp16"), loaded)
+        methods.build(MethodConfig("dense", 8, draft="d", drafting=DraftSettings(draft_weights="fp16")), loaded)

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from graft_cli.drafters.eagle3 import load_head
+from graft_cli.heads import load_head
 from graft_cli.heads import checkpoint as ckpt
 from graft_cli.heads.data import Batch
 from graft_cli.heads.model import context_mask, step_inputs
@@ -151,8 +151,8 @@ def test_a_specforge_head_loads_in_graft_with_the_same_logits(tmp_path, rope):
 
 
 def test_aux_layer_ids_choose_the_fused_layers(tmp_path):
-    from graft_cli.drafters.eagle3 import Eagle3Drafter
-    from graft_cli.errors import GraftError
+    from plugins.eagle3 import Eagle3Drafter
+    from graft_cli.core import GraftError
 
     target = target_model()
     head = tiny_head(target)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from graft_cli.drafters.eagle3 import load_head
+from graft_cli.heads import load_head
 from graft_cli.heads import checkpoint as ckpt
 from graft_cli.heads.data import Batch
 from graft_cli.heads.teacher import teach
@@ -146,9 +146,9 @@ def test_a_killed_run_resumes_bit_exactly(tiny_target, corpus, tmp_path):
 def test_a_trained_head_is_lossless_through_the_loop(tiny_target, trained, method):
     from transformers import AutoModelForCausalLM
 
-    from graft_cli.graft import GraftProposer
-    from graft_cli.drafters.eagle3 import Eagle3Drafter
-    from graft_cli.prune import PruneSchedule
+    from graft_cli.drafting.proposer import GraftProposer
+    from plugins.eagle3 import Eagle3Drafter
+    from graft_cli.core import PruneSchedule
     from plugins.prompt_lookup import PromptLookup
     from tests.test_eagle3 import run
 
@@ -167,11 +167,11 @@ def test_a_trained_head_keeps_the_sampling_distribution(tmp_path):
     distribution of two generated tokens is the target's own (chi-square, as tests/test_sampling.py)."""
     from transformers import AutoModelForCausalLM
 
-    from graft_cli import engine
-    from graft_cli.drafters.eagle3 import Eagle3Drafter
-    from graft_cli.graft import GraftProposer
+    from graft_cli.runtime import engine
+    from plugins.eagle3 import Eagle3Drafter
+    from graft_cli.drafting.proposer import GraftProposer
     from graft_cli.heads.train import ttt_loss
-    from graft_cli.target import Target
+    from graft_cli.runtime.target import Target
     from tests.test_sampling import PROMPT, SETTINGS, V, chi_square_rejects, exact_joint
     from tests.tiny import tiny_model
 
@@ -285,10 +285,10 @@ def test_regenerated_answers_are_the_targets_and_cached(tiny_target, corpus, tmp
 @pytest.mark.skipif(not SHIPPED_HEADS, reason="no shipped head")
 def test_the_shipped_head_drafts_losslessly_for_the_default_model():
     from graft_cli import methods
-    from graft_cli.loading import encode, load_model
+    from graft_cli.runtime.loading import encode, load_model
     from graft_cli.methods import MethodConfig
-    from graft_cli.graft import GraftProposer
-    from graft_cli.stats import Stats
+    from graft_cli.drafting.proposer import GraftProposer
+    from graft_cli.core import Stats
     from tests.test_eagle3 import run
 
     loaded = load_model("smollm2-135m-instruct", "cpu")

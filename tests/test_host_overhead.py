@@ -1,8 +1,9 @@
 """benchmarks/host_overhead.py on a machine that has never profiled the target: the cost-aware builder's latency
 profile is measured before the record, so the replays still match it."""
 
+from graft_cli.core import DraftSettings
 from graft_cli.catalog.home import graft_home
-from graft_cli.loading import load_model
+from graft_cli.runtime.loading import load_model
 from graft_cli.methods import MethodConfig
 from tests.scripts import load_script
 
@@ -14,8 +15,7 @@ def test_a_fresh_home_profiles_before_the_record(tmp_path, monkeypatch):
     target_dir, _ = gpu_check.synthetic_dirs(tmp_path, gpu_check.SMOKE)
     loaded = load_model(str(target_dir), "cpu", "float32")
     assert not (graft_home() / "profiles").exists()
-    config = MethodConfig("graft", budget=60, depth=7, draft_top_k=8, retrievers=["prompt", "recycling"],
-                          draft=str(target_dir))  # a cost-built tree: the builder reads the profile
+    config = MethodConfig("graft", budget=60, retrievers=["prompt", "recycling"], draft=str(target_dir), drafting=DraftSettings(depth=7, draft_top_k=8))  # a cost-built tree: the builder reads the profile
     m = host_overhead.measure(loaded, [[5, 6, 7, 8, 5, 6, 7]], config, max_new_tokens=12, repeat=1)
     assert m.steps > 0 and any((graft_home() / "profiles").iterdir())
 
@@ -29,8 +29,7 @@ def test_a_replay_advances_the_caches_rows_without_moving_keys(tmp_path, monkeyp
     import host_overhead
     target_dir, _ = gpu_check.synthetic_dirs(tmp_path, gpu_check.SMOKE)
     loaded = load_model(str(target_dir), "cpu", "float32")
-    config = MethodConfig("graft", budget=60, depth=7, draft_top_k=8, retrievers=["prompt", "recycling"],
-                          draft=str(target_dir))
+    config = MethodConfig("graft", budget=60, retrievers=["prompt", "recycling"], draft=str(target_dir), drafting=DraftSettings(depth=7, draft_top_k=8))
     runs = [host_overhead.measure(loaded, [[5, 6, 7, 8, 5, 6, 7]], config, max_new_tokens=12, repeat=1,
                                   write_kv=write) for write in (False, True)]
     assert runs[0].steps == runs[1].steps > 0 and runs[0].tokens == runs[1].tokens

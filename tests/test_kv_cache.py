@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from graft_cli.drafters.draft_model import DraftModelDrafter
-from graft_cli.engine import decode
-from graft_cli.graft import GraftProposer
-from graft_cli.kv_cache import PositionCache, cache_keyword
+from plugins.draft_model import DraftModelDrafter
+from graft_cli.runtime.engine import decode
+from graft_cli.drafting.proposer import GraftProposer
+from graft_cli.runtime.kv_cache import PositionCache, cache_keyword
 from graft_cli.prefill_bar import PrefillBar
-from graft_cli.sampling import Sampling
-from graft_cli.target import Target
-from graft_cli.tree import Tree
+from graft_cli.runtime.sampling import Sampling
+from graft_cli.runtime.target import Target
+from graft_cli.core import Tree
 from tests.tiny import VOCAB, OracleTreeProposer, tiny_model
 
 
@@ -143,7 +143,7 @@ def test_smollm2_over_a_long_prompt_decodes_what_generate_does():
     """SmolLM2 on 1.5K tokens of real source: chunked prefill and the position cache give generate's tokens."""
     import inspect as source
 
-    from graft_cli.loading import load_model
+    from graft_cli.runtime.loading import load_model
 
     loaded = load_model("smollm2-135m-instruct", device="cpu")
     ids = loaded.tokenizer.encode(source.getsource(source))[:1500]

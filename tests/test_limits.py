@@ -11,14 +11,15 @@ import torch
 from safetensors.torch import save_file
 from transformers import Gemma2Config, Gemma3TextConfig, MistralConfig, Qwen2Config, Qwen3NextConfig
 
-from graft_cli.engine import decode
-from graft_cli.errors import GraftError
-from graft_cli.graft import GraftProposer
-from graft_cli.limits import Limits, limits, tree_reach
+from graft_cli.runtime.engine import decode
+from graft_cli.core import GraftError
+from graft_cli.drafting.proposer import GraftProposer
+from graft_cli.method_config import tree_reach
+from graft_cli.runtime.limits import Limits, limits
 from graft_cli.methods import MethodConfig
-from graft_cli.sampling import Sampling
+from graft_cli.runtime.sampling import Sampling
 from graft_cli.synthetic import VOCAB, OracleTreeProposer, save_model_dir, tiny_model, word_tokenizer
-from graft_cli.target import Target
+from graft_cli.runtime.target import Target
 from tests.test_cli import run_main
 
 SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,

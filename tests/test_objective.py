@@ -1,4 +1,4 @@
-"""The cost-aware tree builder (graft_cli/objective.py): its decisions on known numbers, the retrieved chain
+"""The cost-aware tree builder (graft_cli/drafting/objective.py): its decisions on known numbers, the retrieved chain
 checked in the draft's first forward (exact keys and values for a draft model), and lossless generation with
 draft models and EAGLE-3 heads, greedy and sampled."""
 
@@ -8,19 +8,18 @@ import numpy as np
 import pytest
 import torch
 
+from graft_cli.core import DraftSettings, GraftError, PruneSchedule, Stats
 from graft_cli import methods
-from graft_cli.budget import LatencyModel
-from graft_cli.drafters.draft_model import DraftModelDrafter
-from graft_cli.drafters.eagle3 import Eagle3Drafter, load_head
-from graft_cli.engine import decode
-from graft_cli.errors import GraftError
-from graft_cli.graft import GraftProposer
+from graft_cli.drafting.budget import LatencyModel
+from plugins.draft_model import DraftModelDrafter
+from graft_cli.heads import load_head
+from plugins.eagle3 import Eagle3Drafter
+from graft_cli.runtime.engine import decode
+from graft_cli.drafting import CostAwareProposer, GraftProposer
 from graft_cli.methods import MethodConfig
-from graft_cli.objective import EVIDENCE, EXPLORE, HORIZON, TRIAL, Objective
-from graft_cli.prune import PruneSchedule
-from graft_cli.sampling import Sampling
-from graft_cli.stats import Stats
-from graft_cli.target import Target
+from graft_cli.drafting.objective import EVIDENCE, EXPLORE, HORIZON, TRIAL, Objective
+from graft_cli.runtime.sampling import Sampling
+from graft_cli.runtime.target import Target
 from plugins.adjacency import AdjacencyRetriever
 from plugins.prompt_lookup import PromptLookup
 from tests.test_drafters import similar_draft, tiny_loaded
@@ -36,7 +35,7 @@ def run(model, proposer, prompt, n, stats=None, sampling=Sampling(), seed=0):
 
 def cost_proposer(drafter, budget=16, retrievers=None):
     retrievers = [PromptLookup(), AdjacencyRetriever(VOCAB)] if retrievers is None else retrievers
-    return GraftProposer(budget, retrievers, drafter=drafter, latency=FLAT, objective=Objective(FLAT))
+    return CostAwareProposer(budget, retrievers, drafter=drafter, latency=FLAT, objective=Objective(FLAT))
 
 
 # --- decisions on known numbers ---------------------------------------------------------------------------------
@@ -208,11 +207,11 @@ class Clocked(Objective):
         super().measured(bucket, drafted, tokens, nodes, 0.01 * self.verify_cost(nodes), 0.0035 * shape, draft_rows)
 
 
-def joining(target, draft, drafted_tokens: int) -> tuple[GraftProposer, DraftModelDrafter]:
+def joining(target, draft, drafted_tokens: int) -> tuple[CostAwareProposer, DraftModelDrafter]:
     """A cost-aware proposer whose earlier requests measured drafting at ``drafted_tokens`` a step."""
     drafter = DraftModelDrafter(draft, VOCAB, depth=24, top_k=2, prune=PruneSchedule((), 0.1))
-    proposer = GraftProposer(16, [PromptLookup(), AdjacencyRetriever(VOCAB)], drafter=drafter, latency=FLAT,
-                             objective=Clocked(FLAT))
+    proposer = CostAwareProposer(16, [PromptLookup(), AdjacencyRetriever(VOCAB)], drafter=drafter, latency=FLAT,
+                                 objective=Clocked(FLAT))
     for bucket in range(EVIDENCE):
         proposer.objective.measured(1 + bucket % 8, True, drafted_tokens, 8, 0.0, 0.0, [1, 1, 1])
     return proposer, drafter
@@ -356,20 +355,18 @@ def test_an_unwanted_drafter_is_skipped_when_retrieval_is_faster():
 # --- wiring -----------------------------------------------------------------------------------------------------
 def test_graft_with_a_drafter_builds_by_cost_unless_fixed(monkeypatch):
     loaded = tiny_loaded(tiny_model(seed=1))
-    from graft_cli.drafters import registry
-
     def fake(kind, env):
-        return DraftModelDrafter(tiny_model(seed=2), VOCAB, env.depth, env.top_k, env.prune, env.chain)
+        return DraftModelDrafter(tiny_model(seed=2), VOCAB, env.settings.depth, env.settings.draft_top_k, env.prune, env.settings.chain)
 
-    monkeypatch.setattr(registry, "load_drafter", fake)
+    monkeypatch.setattr(methods, "load_drafter", fake)
     cost = methods.build(MethodConfig("graft", draft="d"), loaded)
     assert cost.objective is not None and cost.drafter.depth == cost.objective.max_levels == 24
     assert not cost.drafter.prune.checkpoints and cost.drafter.prune.floor == 0.1  # the floor stays
     fixed = methods.build(MethodConfig("graft", draft="d", tree="fixed"), loaded)
-    assert fixed.objective is None and fixed.drafter.depth == 8 and fixed.budget == 16
-    capped = methods.build(MethodConfig("graft", draft="d", depth=5), loaded)
+    assert not isinstance(fixed, CostAwareProposer) and fixed.drafter.depth == 8 and fixed.budget == 16
+    capped = methods.build(MethodConfig("graft", draft="d", drafting=DraftSettings(depth=5)), loaded)
     assert capped.objective.max_levels == 5
-    assert methods.build(MethodConfig("dense", draft="d"), loaded).objective is None
+    assert not isinstance(methods.build(MethodConfig("dense", draft="d"), loaded), CostAwareProposer)
     for bad in [MethodConfig("graft", tree="cost"), MethodConfig("dense", draft="d", tree="cost"),
                 MethodConfig("graft", draft="d", tree="deep")]:
         with pytest.raises(GraftError):
@@ -380,15 +377,13 @@ def test_trees_chosen_by_another_devices_curve(monkeypatch):
     """``curve=cuda`` on a CPU: trees are chosen as a GPU's costs would choose them (the GPU projection's runs),
     by the fixed tree and by the cost-aware one alike; an unknown device is refused."""
     loaded = tiny_loaded(tiny_model(seed=1))
-    from graft_cli.budget import DEFAULT_LATENCY
-    from graft_cli.drafters import registry
-
-    monkeypatch.setattr(registry, "load_drafter", lambda kind, env: DraftModelDrafter(
-        tiny_model(seed=2), VOCAB, env.depth, env.top_k, env.prune, env.chain))
+    from graft_cli.core.defaults import CPU, CUDA
+    monkeypatch.setattr(methods, "load_drafter", lambda kind, env: DraftModelDrafter(
+        tiny_model(seed=2), VOCAB, env.settings.depth, env.settings.draft_top_k, env.prune, env.settings.chain))
     retrieval = methods.build(MethodConfig("graft", curve="cuda"), loaded)
-    assert retrieval.latency.points == DEFAULT_LATENCY["cuda"]
+    assert retrieval.latency.points == CUDA.latency
     cost = methods.build(MethodConfig("graft", draft="d", curve="cuda"), loaded)
-    assert cost.objective.latency.points == DEFAULT_LATENCY["cuda"] and cost.latency is cost.objective.latency
-    assert methods.build(MethodConfig("graft"), loaded).latency.points == DEFAULT_LATENCY["cpu"]
+    assert cost.objective.latency.points == CUDA.latency and cost.latency is cost.objective.latency
+    assert methods.build(MethodConfig("graft"), loaded).latency.points == CPU.latency
     with pytest.raises(GraftError, match="curve=tpu"):
         methods.build(MethodConfig("graft", curve="tpu"), loaded)

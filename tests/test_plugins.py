@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-import plugins
-from graft_cli.engine import decode
-from graft_cli.graft import GraftProposer
-from graft_cli.sampling import Sampling
-from graft_cli.target import Target
-from plugins.base import RetrieverEnv
+from graft_cli import discovery
+from graft_cli.runtime.engine import decode
+from graft_cli.drafting.proposer import GraftProposer
+from graft_cli.runtime.sampling import Sampling
+from graft_cli.runtime.target import Target
+from graft_cli.core import RetrieverEnv
 from tests.tiny import tiny_model
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
@@ -56,12 +56,12 @@ def installed(tmp_path, monkeypatch):
 
 
 def test_a_third_party_plugin_is_discovered_and_used(installed):
-    found = plugins.discover()
+    found = discovery.discover()
     assert {"repeat", "broken", "prompt"} <= set(found)
     assert found["repeat"].package == "graft-repeat"
     with pytest.raises(ImportError, match="broken"):
-        plugins.load_factory("broken")
-    retriever = plugins.load_factory("repeat")(RetrieverEnv(vocab_size=97, options={"repeat.length": "3"}))
+        discovery.load_factory("broken")
+    retriever = discovery.load_factory("repeat")(RetrieverEnv(vocab_size=97, options={"repeat.length": "3"}))
     model = tiny_model(seed=0)
     prompt = [7, 7, 7, 7, 7]
     plain = [t for s in decode(Target(model), GraftProposer(0), prompt, Sampling(), 20, set()) for t in s]
@@ -92,7 +92,7 @@ class BadIds:
         pass
 
     def retrieve(self, context, budget):
-        from graft_cli.tree import ROOT, Tree
+        from graft_cli.core import ROOT, Tree
 
         tree = Tree()
         good = tree.add(ROOT, 7, self.name, 0.9)
@@ -137,9 +137,9 @@ def test_a_retriever_that_raises_is_dropped_with_one_warning(capsys):
 def test_a_retriever_without_the_optional_members_gets_their_defaults():
     """A plugin may leave out ``stateless`` and ``close``: the proposer completes it once (never probing per
     step), so Graft(TAIL) skips it and closing the session works; one that has them is used as it is."""
-    from graft_cli.stats import Stats
-    from graft_cli.tree import Tree
-    from plugins.base import RetrieverDefaults
+    from graft_cli.core import Stats
+    from graft_cli.core import Tree
+    from graft_cli.core import RetrieverDefaults
 
     asked = []
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from graft_cli.tree import ROOT, Tree
-from plugins.base import Step
+from graft_cli.core import ROOT, Step, Tree
 from plugins.prompt_lookup import PromptLookup
 
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from graft_cli.core import DraftSettings, Stats
 from graft_cli import methods
-from graft_cli.engine import decode
-from graft_cli.loading import encode, load_model, stop_ids
-from graft_cli.sampling import Sampling
-from graft_cli.stats import Stats
-from graft_cli.target import Target
+from graft_cli.runtime.engine import decode
+from graft_cli.runtime.loading import encode, load_model, stop_ids
+from graft_cli.runtime.sampling import Sampling
+from graft_cli.runtime.target import Target
 
 pytestmark = pytest.mark.real_model
 
@@ -29,7 +29,7 @@ def smollm2():
 @pytest.fixture(scope="module")
 def prompts():
     from graft_cli.bench.datasets import resolve_dataset
-    from graft_cli.errors import GraftError
+    from graft_cli.core import GraftError
 
     try:  # shared/data beside the checkout, or $GRAFT_BENCH_DATA
         path = SPEC_BENCH if SPEC_BENCH.exists() else resolve_dataset("spec-bench")
@@ -67,12 +67,12 @@ def test_greedy_ar_and_pld_equal_transformers_generate(smollm2, prompts):
 
 def bf16_report(target: str, configs: dict, prompts: list[str], n: int) -> dict:
     """Every method in ``configs`` on ``target`` in bf16 on the CPU, through the bench's runners, against ar with
-    the tie-aware report (graft_cli/lossless.py); transformers' generate (hf) too."""
+    the tie-aware report (graft_cli/runtime/lossless.py); transformers' generate (hf) too."""
     from graft_cli.bench.datasets import Question
     from graft_cli.bench.execution import Conversation, execute
     from graft_cli.bench.results import summarize
     from graft_cli.bench.runners import EngineRunner, PeerRunner, shared_models
-    from graft_cli.lossless import MarginTarget, report
+    from graft_cli.runtime.lossless import MarginTarget, report
 
     loaded = load_model(target, "cpu", "bfloat16")
     stop = stop_ids(loaded)
@@ -110,7 +110,7 @@ def test_bf16_qwen_drafters_match_ar_up_to_floating_point_ties(prompts):
     draft = os.environ.get("GRAFT_BF16_DRAFT", "qwen2.5-coder-0.5b-instruct")
     torch.set_num_threads(2)
     configs = {"ar": methods.MethodConfig("ar")}
-    configs |= {m: methods.MethodConfig(m, draft=draft, depth=4) for m in ("dense", "pruned", "graft")}
+    configs |= {m: methods.MethodConfig(m, draft=draft, drafting=DraftSettings(depth=4)) for m in ("dense", "pruned", "graft")}
     # writing and math: short prompts (a summary's article takes a minute to prefill in bf16 on a 2-core CPU)
     out = bf16_report(target, configs, prompts[2:], 10)
     assert out["ok"], out["mismatches"]

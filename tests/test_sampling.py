@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-import graft_cli.engine as engine
-from graft_cli.sampling import Noise, Sampling, pick, probabilities
-from graft_cli.target import Target
-from graft_cli.tree import ROOT, Tree
-from graft_cli.stats import Stats
-from graft_cli.verify import Accepted, accept
+import graft_cli.runtime.engine as engine
+from graft_cli.runtime.sampling import Noise, Sampling, pick, probabilities
+from graft_cli.runtime.target import Target
+from graft_cli.core import ROOT, Stats, Tree
+from graft_cli.runtime.verify import Accepted, accept
 from tests.tiny import StaticProposer, tiny_model
 
 V = 6
@@ -136,10 +135,11 @@ def plain_sampling(model, prompt: list[int], sampling: Sampling, n: int, seed: i
 
 def proposers(target, draft, head_dir) -> dict:
     """One proposer per method, built as methods.py builds them (tiny draft model, random EAGLE-3 head)."""
-    from graft_cli.drafters.draft_model import DraftModelDrafter
-    from graft_cli.drafters.eagle3 import Eagle3Drafter, load_head
-    from graft_cli.graft import GraftProposer
-    from graft_cli.prune import PruneSchedule
+    from plugins.draft_model import DraftModelDrafter
+    from graft_cli.heads import load_head
+    from plugins.eagle3 import Eagle3Drafter
+    from graft_cli.drafting.proposer import GraftProposer
+    from graft_cli.core import PruneSchedule
     from plugins.adjacency import AdjacencyRetriever
     from plugins.prompt_lookup import PromptLookup
 

@@ -1,4 +1,4 @@
-"""Token rankings (graft_cli/token_ranking.py), `graft models vocab`, and the reduced draft vocabulary they
+"""Token rankings (graft_cli/runtime/token_ranking.py), `graft models vocab`, and the reduced draft vocabulary they
 choose: its default, and the prompt's own tokens that join it per request."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from graft_cli import token_ranking
-from graft_cli.drafters.draft_model import DraftModelDrafter, default_vocab, draft_vocab
-from graft_cli.graft import GraftProposer
-from graft_cli.token_ranking import Ranking
+from graft_cli.runtime import token_ranking
+from plugins.draft_model import DraftModelDrafter, default_vocab, draft_vocab
+from graft_cli.drafting.proposer import GraftProposer
+from graft_cli.runtime.token_ranking import Ranking
 from tests.datastore_fixtures import make_model_dir, write_jsonl
 from tests.test_cli_index import run as run_cli
 from tests.test_drafters import run

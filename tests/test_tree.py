@@ -1,6 +1,6 @@
 import numpy as np
 
-from graft_cli.tree import ROOT, Tree
+from graft_cli.core import ROOT, Tree
 
 
 def test_add_merges_duplicate_siblings_and_keeps_best_score():

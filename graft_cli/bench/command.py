@@ -12,7 +12,7 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
-from graft_cli import token_ranking
+from graft_cli.runtime import token_ranking
 from graft_cli.bench.datasets import REPO_ROOT, categories_of, load_questions, resolve_dataset
 from graft_cli.bench.execution import (Conversation, by_question, check_reach, execute, read_runs, record_key, runs_files,
                                       warm_up)
@@ -20,8 +20,9 @@ from graft_cli.bench.plan import MethodSpec, Variant, expand_methods, fingerprin
 from graft_cli.bench.results import (RESULTS_SCHEMA, environment, lean_record, lossless_line, per_question_seconds,
                                      summarize, table, write_answers, write_results)
 from graft_cli.bench.runners import HF_PLD_TOKENS, build_runners, shared_models
-from graft_cli.errors import GraftError
-from graft_cli.lossless import describe, report
+from graft_cli.core import defaults_for, GraftError
+from graft_cli.method_config import METHODS, drafting_for, tree_reach
+from graft_cli.runtime.lossless import describe, report
 
 @dataclass
 class BenchOptions:
@@ -76,8 +77,8 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
 
     from graft_cli import methods
     from graft_cli.catalog.checksums import model_checksum
-    from graft_cli.drafters.registry import DEFAULT_KIND, parse_draft
-    from graft_cli.loading import load_model, stop_ids
+    from graft_cli.method_config import DEFAULT_KIND, parse_draft
+    from graft_cli.runtime.loading import load_model, stop_ids
 
     console = console or Console(width=None if sys.stdout.isatty() else 200)
     err = err_console or Console(stderr=True)
@@ -96,8 +97,8 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         questions = questions[opts.shard[0]::opts.shard[1]]
         if not questions:
             raise GraftError(f"--shard {opts.shard[0]}/{opts.shard[1]}: no questions in this shard")
-    names, explicit = expand_methods(opts.methods, methods.METHODS, opts.draft)
-    specs = plan_methods(names, methods.METHODS, opts.budgets, opts.variants)
+    names, explicit = expand_methods(opts.methods, METHODS, opts.draft)
+    specs = plan_methods(names, METHODS, opts.budgets, opts.variants)
     if any(s.method == "hf-assisted" for s in specs) and not opts.draft:
         raise GraftError("hf-assisted needs a draft model: give --draft MODEL")
     kind, draft_spec = parse_draft(opts.draft) if opts.draft else (None, None)  # a bad KIND: before any load
@@ -150,7 +151,7 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
                 parts.update(token_ranking=ranking_sha)
             if draft_loaded and uses_draft(s):  # a half-weight draft is another draft; runs before it were full
                 config = method_config(s, opts.options, opts.draft, opts.method_opts)
-                weights = config.draft_weights or methods.default_draft_weights(device)
+                weights = drafting_for(config, device)[0].draft_weights
                 if weights != "full":
                     parts.update(draft_weights=weights)
         fingerprints[s.name] = fingerprint(parts)
@@ -246,7 +247,7 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
         "max_new_tokens": opts.max_new_tokens,
         "methods": [s.as_dict() for s in specs],
         "budgets": opts.budgets,
-        "default_budget": methods.default_budget(device),
+        "default_budget": defaults_for(device).budget,
         "options": opts.options,
         "method_opts": opts.method_opts,
         "variants": {name: {"method": v.method, **v.opts} for name, v in opts.variants.items()},
@@ -323,7 +324,6 @@ def run_bench(opts: BenchOptions, console=None, err_console=None) -> int:
 def reach_depth(spec: MethodSpec, opts: BenchOptions, draft_loaded, device: str) -> int:
     """How far past the prompt and its answer a method's last forward reaches: its deepest tree, or the tokens a
     transformers peer looks ahead."""
-    from graft_cli.limits import tree_reach
 
     if spec.kind == "engine":
         return tree_reach(method_config(spec, opts.options, opts.draft, opts.method_opts), device)

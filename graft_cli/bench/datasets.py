@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from graft_cli.errors import GraftError
+from graft_cli.core import GraftError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DATASETS = {"spec-bench": "spec_bench_question.jsonl", "mt-bench": "mt_bench_question.jsonl"}

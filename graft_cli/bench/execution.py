@@ -11,7 +11,7 @@ from typing import Callable, Iterable, Sequence
 
 from graft_cli.bench.datasets import Question
 from graft_cli.bench.runners import Runner
-from graft_cli.errors import GraftError
+from graft_cli.core import GraftError
 
 WARMUP_PROMPT = "Write three short sentences about the sea."
 WARMUP_TOKENS = 16
@@ -19,13 +19,13 @@ WARMUP_TOKENS = 16
 
 class Conversation:
     """Prompt formatting and answer text for multi-turn questions (Spec-Bench puts each answer back); ``fit``
-    checks (or, with --truncate, cuts) every prompt against the model's limits (graft_cli/limits.py)."""
+    checks (or, with --truncate, cuts) every prompt against the model's limits (graft_cli/runtime/limits.py)."""
 
     def __init__(self, tokenizer, stop: set[int], fit: Callable[[list[int]], list[int]] | None = None) -> None:
         self.tokenizer, self.stop, self.fit = tokenizer, stop, fit
 
     def encode(self, messages: list[dict]) -> list[int]:
-        from graft_cli.loading import encode
+        from graft_cli.runtime.loading import encode
 
         ids = encode(self.tokenizer, messages)
         return self.fit(ids) if self.fit is not None else ids

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from graft_cli.errors import GraftError
+from graft_cli.core import DraftSettings, GraftError
+from graft_cli.method_config import TAKES_DRAFT, MethodConfig
 
 PEERS = ("hf", "hf-pld", "hf-assisted")
 
@@ -79,27 +82,27 @@ def method_config(spec: MethodSpec, options: dict, draft: str | None, method_opt
     """The MethodConfig of an engine method: its budget, the retriever options, ``--draft`` where the method takes
     one, and any other MethodConfig field given as text (``--method-opt depth=4``, then the variant's own),
     converted to the field's type."""
-    import dataclasses
-    import typing
-
-    from graft_cli import methods
-
-    config = methods.MethodConfig(method=spec.method, budget=spec.budget, options=dict(options),
-                                  draft=draft if uses_draft(spec) else None)
+    config = MethodConfig(method=spec.method, budget=spec.budget, options=dict(options),
+                          draft=draft if uses_draft(spec) else None)
     if spec.method == "ar":
         return config
-    hints = typing.get_type_hints(methods.MethodConfig)
-    fields = {f.name for f in dataclasses.fields(methods.MethodConfig)} - {"method", "budget", "options", "draft"}
+    own = {f.name for f in dataclasses.fields(MethodConfig)} - {"method", "budget", "options", "draft", "drafting"}
+    drafting = {f.name for f in dataclasses.fields(DraftSettings)}
+    hints = typing.get_type_hints(MethodConfig) | typing.get_type_hints(DraftSettings)
+    settings = {}
     for key, text in ((method_opts or {}) | spec.opts).items():
-        if key not in fields:
-            raise GraftError(f"--method-opt {key}: not a method setting (choose from {', '.join(sorted(fields))})")
-        setattr(config, key, _convert(text, hints.get(key), key))
+        if key not in own | drafting:
+            raise GraftError(f"--method-opt {key}: not a method setting (choose from {', '.join(sorted(own | drafting))})")
+        value = _convert(text, hints.get(key), key)
+        if key in own:
+            setattr(config, key, value)
+        else:
+            settings[key] = value
+    config.drafting = dataclasses.replace(config.drafting, **settings)
     return config
 
 
 def _convert(text: str, hint, key: str):
-    import typing
-
     kinds = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
     if text.lower() in ("none", "") and type(None) in typing.get_args(hint):
         return None
@@ -124,11 +127,9 @@ def _convert(text: str, hint, key: str):
 
 def uses_draft(spec: MethodSpec) -> bool:
     """Whether a method takes ``--draft``: hf-assisted, and the engine methods ``methods.TAKES_DRAFT`` names."""
-    from graft_cli import methods
-
     if spec.kind == "peer":
         return spec.method == "hf-assisted"
-    return spec.method in methods.TAKES_DRAFT
+    return spec.method in TAKES_DRAFT
 
 
 def fingerprint(parts: dict) -> str:

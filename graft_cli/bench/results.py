@@ -1,5 +1,5 @@
 """What a benchmark reports: figures per category and method, the table, Spec-Bench answer files and
-results.json (the lossless check itself is graft_cli/lossless.py)."""
+results.json (the lossless check itself is graft_cli/runtime/lossless.py)."""
 
 from __future__ import annotations
 

@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, Callable, Protocol
 
 from graft_cli.bench.plan import method_config
-from graft_cli.errors import GraftError
-from graft_cli.lossless import MarginTarget
+from graft_cli.core import device_kind, GraftError
+from graft_cli.runtime.attention_kernels import GroupedQueryAttention
+from graft_cli.runtime.lossless import MarginTarget
 
 HF_PLD_TOKENS = 10
 
@@ -29,7 +31,7 @@ class Turn:
     peak_mem_mb: float | None = None
     budget_mean: float | None = None  # mean tree nodes chosen per step under --budget auto
     draft_forwards: int = 0  # forwards of the draft model or head
-    margins: list[float] | None = None  # plain decoding: each token's top-2 logit margin (graft_cli/lossless.py)
+    margins: list[float] | None = None  # plain decoding: each token's top-2 logit margin (graft_cli/runtime/lossless.py)
     first_token_s: float | None = None  # seconds until the first new tokens came out (prefill and first step)
     first_tokens: int = 0  # how many came out then
 
@@ -105,9 +107,9 @@ class EngineRunner:
         self.proposer = build()
 
     def run(self, ids: list[int], max_new_tokens: int) -> Turn:
-        from graft_cli.engine import decode
-        from graft_cli.sampling import Sampling
-        from graft_cli.stats import Stats
+        from graft_cli.runtime.engine import decode
+        from graft_cli.runtime.sampling import Sampling
+        from graft_cli.core import Stats
 
         stats = Stats()
         tokens: list[int] = []
@@ -170,7 +172,10 @@ class PeerRunner:
 
         x = torch.tensor([ids], device=self.device)
         streamer = _StepCounter()
-        with MemoryPeak(self.device) as mem, torch.inference_mode():
+        # on a CPU under graft's own attention setting (attention_kernels.py), so that no side reads a copy of
+        # the cache per head that the other does not
+        grouped = GroupedQueryAttention() if device_kind(self.device) == "cpu" else nullcontext()
+        with MemoryPeak(self.device) as mem, torch.inference_mode(), grouped:
             t0 = perf_counter()
             out = self.model.generate(
                 input_ids=x,
@@ -216,8 +221,8 @@ def build_runners(specs, loaded, draft_loaded, options, explicit: bool, warn: Ca
     """A runner per method spec; with ``all``, engine methods that cannot be built here (a datastore or a draft
     model missing) are left out with a warning instead of failing the run."""
     from graft_cli import methods
-    from graft_cli.loading import stop_ids
-    from graft_cli.target import Target
+    from graft_cli.runtime.loading import stop_ids
+    from graft_cli.runtime.target import Target
 
     stop = stop_ids(loaded)
     device = loaded.device
@@ -250,7 +255,7 @@ def build_runners(specs, loaded, draft_loaded, options, explicit: bool, warn: Ca
 
 
 class shared_models:
-    """While active, ``graft_cli.loading.load_model`` returns the already loaded model for the same (spec, device,
+    """While active, ``graft_cli.runtime.loading.load_model`` returns the already loaded model for the same (spec, device,
     dtype): drafter methods that load their ``--draft`` themselves share the one copy hf-assisted uses, so every
     model is loaded once however many methods and budgets run. (Drafters do not modify the model: they keep
     their own caches.)"""
@@ -268,7 +273,7 @@ class shared_models:
                 self.cache.setdefault((str(item.spec), device, d), item)
 
     def __enter__(self) -> shared_models:
-        from graft_cli import loading
+        from graft_cli.runtime import loading
 
         self.original = loading.load_model
 
@@ -286,6 +291,6 @@ class shared_models:
         return self
 
     def __exit__(self, *exc) -> None:
-        from graft_cli import loading
+        from graft_cli.runtime import loading
 
         loading.load_model = self.original

@@ -20,3 +20,7 @@ One module a concept: ``entries`` (the catalog), ``home`` (locations, manifests,
 (wheels from the index, assembled into one GGUF), ``gguf`` (checking and converting GGUF files), ``checksums``
 (is a dir whole, which model is it), ``install`` (pull, convert, remove) and ``resolve`` (spec to dir, listing).
 """
+
+from graft_cli.catalog.home import graft_home
+
+__all__ = ["graft_home"]

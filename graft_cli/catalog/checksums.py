@@ -10,7 +10,7 @@ from pathlib import Path
 
 from datastores.integrity import file_sha256, remember, sha256_matches, sha256_of
 from graft_cli.catalog.home import eprint, read_manifest, write_manifest
-from graft_cli.errors import GraftError
+from graft_cli.core import GraftError
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graft_cli.errors import GraftError
+from graft_cli.core import GraftError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from graft_cli.catalog.entries import CatalogEntry
-from graft_cli.errors import GraftError
+from graft_cli.core import GraftError
 
 class PullProgress:
     """A Rich progress display on stderr (or nothing, when ``show`` is false)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from datastores.atomic import write_text_atomic
 from datastores.integrity import file_sha256
 from graft_cli.catalog.home import ensure_dir, graft_home
-from graft_cli.errors import GraftError
+from graft_cli.core import GraftError
 
 # ChatML, the template both catalog families use; only applied when a GGUF carries no template of its own.
 CHATML_TEMPLATE = (

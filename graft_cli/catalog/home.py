@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 from datastores.atomic import lock, remove_stale, swap_into_place, write_text_atomic
-from graft_cli.errors import GraftError
+from graft_cli.core import GraftError
 
 MANIFEST = "graft-model.json"
 MANIFEST_FORMAT = 1

@@ -15,7 +15,8 @@ from graft_cli.catalog.fetch import PullProgress, assemble
 from graft_cli.catalog.gguf import check_gguf, convert_gguf, gguf_sha256
 from graft_cli.catalog.home import (MANIFEST, MANIFEST_FORMAT, clean_stale_tmp, dir_bytes, ensure_dir, eprint,
                                     install_dir, is_pulled, mb, model_lock, models_dir, work_dir, write_manifest)
-from graft_cli.errors import GraftError
+from graft_cli.core import GraftError
+from graft_cli.core.version import __version__
 
 def _honour_umask(path: Path) -> None:
     """Files 0666 and dirs 0777 less the umask (libraries write theirs 0600 through temporary files)."""
@@ -26,8 +27,6 @@ def _honour_umask(path: Path) -> None:
 
 
 def _finish_manifest(out_dir: Path, manifest: dict) -> dict:
-    from graft_cli import __version__
-
     st = out_dir / "model.safetensors"
     manifest["safetensors_bytes"] = st.stat().st_size if st.exists() else _weights_bytes(out_dir)
     manifest["dir_bytes"] = dir_bytes(out_dir)

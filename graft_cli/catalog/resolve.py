@@ -10,7 +10,7 @@ from graft_cli.catalog.entries import CATALOG, DEFAULT_MODEL
 from graft_cli.catalog.gguf import gguf_sha256
 from graft_cli.catalog.home import eprint, installed_models, is_pulled, mb, models_dir, read_manifest
 from graft_cli.catalog.install import convert_local_gguf, pull
-from graft_cli.errors import GraftError
+from graft_cli.core import GraftError
 
 def _checked(name: str) -> Path:
     """A pulled dir, after a check of its weights against the checksums recorded when it was pulled (a damaged

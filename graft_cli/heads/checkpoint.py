@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from graft_cli.errors import GraftError
+from graft_cli.core import GraftError
 from graft_cli.heads.model import TrainableHead
 
 PREFIX = "ckpt-"

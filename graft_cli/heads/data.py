@@ -1,6 +1,10 @@
 """Training data for a head: corpus records to token documents (chat-templated where a record is an
 instruction and its response), a held-out split, the draft vocabulary, and packed batches.
 
+A corpus can also be tokenised once into a packed token file (``.npz``: the token ids as uint16 where the
+vocabulary fits, the document offsets, and the tokenizer's fingerprint), which training reads without the text or
+the tokenizer's time: how a corpus travels to a machine that has no copy of it (benchmarks/gpu_pack.py).
+
 Every batch is a pure function of (seed, step), so a resumed run sees exactly the batches it would have seen:
 epoch ``e`` packs the training documents in the order of a permutation seeded with ``seed + e``, cut into
 sequences of ``seq_len`` tokens; a document keeps its own positions and never attends across its boundary.
@@ -8,20 +12,27 @@ sequences of ``seq_len`` tokens; a document keeps its own positions and never at
 
 from __future__ import annotations
 
+import hashlib
+import json
+import zipfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
+from datastores.atomic import atomic_file
 from datastores.corpus import Corpus, extract_text
 from datastores.errors import DatastoreError
-from graft_cli.errors import GraftError
-from graft_cli.token_ranking import Ranking
+from graft_cli.core import GraftError
+from graft_cli.runtime.token_ranking import Ranking
 
 PROMPT_KEYS = ("instruction", "question", "prompt")
 ANSWER_KEYS = ("response", "output", "answer", "completion")
 TOKENIZE_BATCH = 256
+PACKED_FORMAT = "graft-tokens-1"
+PACKED_SUFFIX = ".npz"
 
 
 def chat_messages(record: Any) -> list[dict] | None:
@@ -84,8 +95,16 @@ class Documents:
 def read_documents(sources: Sequence[str], tokenizer: Any, fields: Sequence[str] | None = None,
                    max_documents: int | None = None,
                    regenerate: Callable[[list[dict]], str] | None = None) -> tuple[Documents, str]:
-    """Tokenise a corpus (datastores' readers: JSONL, Parquet/Arrow, folders); returns the documents and the
-    corpus summary line. Documents of fewer than 2 tokens are dropped (nothing to predict)."""
+    """Tokenise a corpus (datastores' readers: JSONL, Parquet/Arrow, folders), or read a packed token file;
+    returns the documents and the corpus summary line. Documents of fewer than 2 tokens are dropped (nothing to
+    predict)."""
+    if any(is_packed(source) for source in sources):
+        if len(sources) > 1:
+            raise GraftError("a packed token file (.npz) is a whole corpus: give it as the only --data")
+        if fields or regenerate is not None:
+            raise GraftError("--field and --regenerate read text, and a packed token file (.npz) holds token ids")
+        docs, summary = read_packed(Path(sources[0]), tokenizer)
+        return (docs.subset(np.arange(min(max_documents, len(docs)))) if max_documents else docs), summary
     try:
         corpus = Corpus(sources, fields=fields, record_text=record_text(tokenizer, fields, regenerate))
         pieces: list[np.ndarray] = []
@@ -111,6 +130,57 @@ def read_documents(sources: Sequence[str], tokenizer: Any, fields: Sequence[str]
     pieces = pieces[:max_documents] if max_documents else pieces
     starts = np.concatenate([[0], np.cumsum([len(p) for p in pieces])]).astype(np.int64)
     return Documents(np.concatenate(pieces), starts), corpus.stats.summary()
+
+
+def is_packed(source: str | Path) -> bool:
+    """A packed token file is named ``*.npz`` (no corpus reader takes that suffix)."""
+    return str(source).endswith(PACKED_SUFFIX)
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """The sha256 of the tokenizer's vocabulary (token to id, added tokens included): packed ids are the same text
+    only under the same vocabulary, so a file packed with another tokenizer is refused rather than trained on."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: (item[1], item[0]))
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+
+
+def write_packed(path: Path, docs: Documents, summary: str, tokenizer: Any) -> dict:
+    """Write ``docs`` as a packed token file (atomically; numpy's ``.npz``, no pickles); returns its metadata.
+    Ids are uint16 where the vocabulary fits (SmolLM2's 49,152 tokens: 2 bytes a token), else uint32."""
+    vocab = len(tokenizer)
+    meta = {"format": PACKED_FORMAT, "vocab": vocab, "tokenizer": tokenizer_fingerprint(tokenizer),
+            "corpus": summary, "documents": len(docs), "tokens": int(docs.starts[-1])}
+    if len(docs.tokens) and (int(docs.tokens.min()) < 0 or int(docs.tokens.max()) >= vocab):
+        raise GraftError(f"token ids outside the tokenizer's vocabulary of {vocab:,}")
+    dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
+    with atomic_file(Path(path)) as tmp, open(tmp, "wb") as f:
+        np.savez(f, tokens=docs.tokens.astype(dtype), starts=docs.starts.astype(np.int64),
+                 meta=np.array(json.dumps(meta)))
+    return meta
+
+
+def read_packed(path: Path, tokenizer: Any) -> tuple[Documents, str]:
+    """A packed token file's documents and summary line, after checking that its offsets are whole and that it was
+    packed with this tokenizer (any fault is one GraftError naming the file)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            tokens, starts, meta = z["tokens"], z["starts"], json.loads(str(z["meta"]))
+    except FileNotFoundError:
+        raise GraftError(f"no such file: {path}") from None
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise GraftError(f"{path} is not a packed token file ({detail})") from None
+    if not isinstance(meta, dict) or meta.get("format") != PACKED_FORMAT:
+        raise GraftError(f"{path} is not a packed token file of format {PACKED_FORMAT}")
+    if meta.get("tokenizer") != tokenizer_fingerprint(tokenizer):
+        raise GraftError(f"{path} was packed with another tokenizer than the target's: pack it again for this model")
+    whole = (tokens.ndim == starts.ndim == 1 and tokens.dtype.kind == "u" and starts.dtype.kind in "iu"
+             and len(starts) >= 2 and starts[0] == 0 and starts[-1] == len(tokens)
+             and bool((np.diff(starts) >= 0).all()))
+    if not whole or (len(tokens) and int(tokens.max()) >= int(meta.get("vocab", 0))):
+        raise GraftError(f"{path} is damaged: its token ids and document offsets do not agree")
+    summary = f"{meta.get('corpus', '')}; packed in {path.name}"
+    return Documents(tokens.astype(np.int64), starts.astype(np.int64)), summary
 
 
 def split(docs: Documents, heldout_every: int) -> tuple[Documents, Documents]:

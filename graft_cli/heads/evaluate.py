@@ -12,14 +12,14 @@ from typing import Any, Sequence
 
 import torch
 
-from graft_cli.drafters.eagle3 import Eagle3Head
+from graft_cli.heads.head import Eagle3Head
 from graft_cli.heads.data import Batch
 from graft_cli.heads.model import TrainableHead, context_mask, shift, step_inputs
 from graft_cli.heads.teacher import teach
 
 
 def trainable(head: Eagle3Head, target: torch.nn.Module) -> TrainableHead:
-    """A loaded head (graft_cli.drafters.eagle3) as the module the training-time test runs on."""
+    """A loaded head (plugins.eagle3) as the module the training-time test runs on."""
     cfg = head.cfg
     model = TrainableHead(cfg, target.config.hidden_size, head.embed).to(head.device)
     model.load_state_dict({**head.w, "d2t": head.d2t, "t2d": torch.zeros(cfg.vocab, dtype=torch.bool)},

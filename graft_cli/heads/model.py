@@ -13,10 +13,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from graft_cli.drafters.eagle3 import ACTIVATIONS, HeadConfig, rope_frequencies
+from graft_cli.heads.head import ACTIVATIONS, HeadConfig, rope_frequencies
 
 
 class RMSNorm(nn.Module):

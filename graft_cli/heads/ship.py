@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from graft_cli.errors import GraftError
+from graft_cli.core import GraftError
 from graft_cli.heads import checkpoint as ckpt
 from graft_cli.heads.model import TrainableHead
 from graft_cli.heads.train import Settings, draft_config

@@ -6,6 +6,7 @@ steps, each step feeding its own output back; the loss at step k is the cross-en
 distribution against the target's (soft targets), weighted ``decay**k``. AdamW, linear warm-up then cosine decay,
 gradient clipping. Every batch is a function of (seed, step) and every ``checkpoint_every`` steps the full state
 is written atomically, so ``--resume`` continues a killed run exactly where its last checkpoint left it.
+``--max-minutes`` bounds a run by wall-clock time instead of a step count (a lent GPU is lent by the minute).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from graft_cli.drafters.eagle3 import HeadConfig, layer_indices
-from graft_cli.errors import GraftError
+from graft_cli.heads.head import HeadConfig, layer_indices
+from graft_cli.core import GraftError
 from graft_cli.heads import checkpoint as ckpt
 from graft_cli.heads.data import Batch, Packer, draft_vocabulary, read_documents, split
 from graft_cli.heads.model import TrainableHead, context_mask, shift, step_inputs
@@ -58,9 +59,47 @@ class Settings:
     regenerate_tokens: int = 256
     device: str = "auto"
     threads: int | None = None
+    max_minutes: float | None = None
 
 
-RESUMABLE = ("max_steps", "checkpoint_every", "log_every", "threads", "device", "out")
+RESUMABLE = ("max_steps", "checkpoint_every", "log_every", "threads", "device", "out", "max_minutes")
+CALIBRATION_STEPS = 10  # steps timed before a time budget sets the schedule's length
+FINISH_SHARE = 0.02  # of a time budget, kept for the last evaluation and checkpoint until one has been timed
+
+
+class TimeBudget:
+    """``--max-minutes``: the run ends cleanly by a wall-clock deadline counted from the start of the command.
+    After ``CALIBRATION_STEPS`` steps, and after every step from then on, the schedule's last step (``max_steps``,
+    where the cosine reaches 0; never past the given ``--max-steps``) becomes the last one the measured pace fits
+    before the deadline less the time of a final evaluation and checkpoint. So the learning rate has decayed when
+    time is up, and the run ends with a checkpoint and its held-out figures like any other."""
+
+    def __init__(self, minutes: float | None, start: float) -> None:
+        if minutes is not None and minutes <= 0:
+            raise GraftError(f"--max-minutes must be > 0, got {minutes}")
+        self.seconds = minutes * 60 if minutes else None
+        self.deadline = start + self.seconds if self.seconds else None
+        self.finish: float | None = None  # seconds the latest evaluation and checkpoint took
+        self.first, self.t0, self.limit = 0, start, 0
+
+    def begin(self, s: Settings, step: int, now: float) -> None:
+        self.first, self.t0, self.limit = step, now, s.max_steps
+
+    def checkpointed(self, seconds: float) -> None:
+        self.finish = seconds
+
+    def update(self, s: Settings, done: int, now: float) -> None:
+        """Set ``s.max_steps`` from the pace so far (``done`` steps finished at ``now``); ``done`` itself when
+        not one more step fits, which makes this step the last."""
+        if self.deadline is None:
+            return
+        reserve = self.finish if self.finish is not None else FINISH_SHARE * self.seconds
+        left = self.deadline - now - reserve
+        ran = done - self.first
+        if ran < CALIBRATION_STEPS and left > 0:
+            return
+        pace = (now - self.t0) / max(ran, 1)
+        s.max_steps = max(done, min(self.limit, done + int(left / pace)))
 
 
 def lr_at(s: Settings, step: int) -> float:
@@ -165,9 +204,10 @@ def settings_from_checkpoint(state: dict, given: Settings) -> Settings:
 
 def train(s: Settings, resume: bool = False, console: Any = None) -> Path:
     """Run (or continue) training; returns the head directory written at the end."""
+    budget = TimeBudget(s.max_minutes, time.perf_counter())
     from rich.console import Console
 
-    from graft_cli.loading import load_model
+    from graft_cli.runtime.loading import load_model
 
     console = console or Console(stderr=True)
     if not console.is_terminal:  # a log file: one line per report, whatever the width
@@ -190,7 +230,7 @@ def train(s: Settings, resume: bool = False, console: Any = None) -> Path:
     loaded = load_model(s.model, s.device, fast_cpu=False)
     target, device = loaded.model, loaded.device
     if device == "cpu":  # packed oneDNN kernels (15% faster here), packed whatever the free memory: same bits
-        from graft_cli.cpu_linear import use_cpu_linears
+        from graft_cli.runtime.cpu_linear import use_cpu_linears
 
         use_cpu_linears(target, pack=True)
     for p in target.parameters():
@@ -217,7 +257,7 @@ def train(s: Settings, resume: bool = False, console: Any = None) -> Path:
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=s.lr,
                                   weight_decay=s.weight_decay)
     meta = {"settings": asdict(s), "tokens": 0, "seconds": 0.0, "history": [], "evals": [],
-            "coverage": round(coverage, 4), "corpus": summary}
+            "coverage": round(coverage, 4), "corpus": summary, "device": device_name(device)}
     if latest is not None:
         restored = ckpt.load_checkpoint(latest, head, optimizer)
         if not torch.equal(head.draft_ids().cpu(), draft_ids):
@@ -227,7 +267,8 @@ def train(s: Settings, resume: bool = False, console: Any = None) -> Path:
         meta["settings"] = asdict(s)
         console.print(f"resumed {latest} at step {restored['step']:,} ({restored['tokens']:,} tokens)")
     start = state["step"] if state else 0
-    _loop(s, head, target, optimizer, packer, heldout, meta, start, device, autocast, console, run)
+    budget.begin(s, start, time.perf_counter())
+    _loop(s, head, target, optimizer, packer, heldout, meta, start, device, autocast, console, run, budget)
     out = Path(s.out).expanduser()
     last = ckpt.latest_checkpoint(run)
     final = ckpt.write_head(head, target.config, out, torch.bfloat16, {"step": s.max_steps, **meta})
@@ -235,9 +276,19 @@ def train(s: Settings, resume: bool = False, console: Any = None) -> Path:
     return final
 
 
+def device_name(device: str) -> str:
+    """What trained the head, for its record: the GPU's name, or the CPU's."""
+    if device.startswith("cuda"):
+        return f"{torch.cuda.get_device_name(torch.device(device))} (torch {torch.__version__})"
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    return f"{cpu} CPU, {torch.get_num_threads()} threads (torch {torch.__version__})"
+
+
 def _loop(s: Settings, head: TrainableHead, target: torch.nn.Module, optimizer: torch.optim.Optimizer,
           packer: Packer, heldout: list[Batch], meta: dict, start: int, device: str, autocast: torch.dtype | None,
-          console: Any, run: Path) -> None:
+          console: Any, run: Path, budget: TimeBudget) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     params = [p for p in head.parameters() if p.requires_grad]
@@ -247,12 +298,13 @@ def _loop(s: Settings, head: TrainableHead, target: torch.nn.Module, optimizer: 
     last_eval = meta["evals"][-1]["acceptance"] if meta["evals"] else []
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task("train", total=s.max_steps, completed=start, info="")
-        for step in range(start, s.max_steps):
+        done = start
+        while done < s.max_steps:  # a time budget moves max_steps as it goes
             t = time.perf_counter()
-            batch = packer.batch(step).to(device)
+            batch = packer.batch(done).to(device)
             lesson = teach(target, batch, head.cfg.layers, head.draft_ids(), autocast, full=False)
             for group in optimizer.param_groups:
-                group["lr"] = lr_at(s, step)
+                group["lr"] = lr_at(s, done)
             result = ttt_loss(head, batch, lesson, s.ttt, s.step_decay, autocast)
             optimizer.zero_grad(set_to_none=True)
             result.loss.backward()
@@ -263,21 +315,33 @@ def _loop(s: Settings, head: TrainableHead, target: torch.nn.Module, optimizer: 
             meta["seconds"] += time.perf_counter() - t
             window_tokens += n
             window_loss.append(result.weighted)
-            done = step + 1
+            done += 1
+            budget.update(s, done, time.perf_counter())
             if done % s.log_every == 0 or done == s.max_steps:
                 rate = window_tokens / max(time.perf_counter() - window_t, 1e-9)
                 loss = sum(window_loss) / len(window_loss)
                 meta["history"].append([done, meta["tokens"], round(loss, 4)])
                 acc = " ".join(f"{a:.2f}" for a in last_eval)
                 info = f"loss {loss:.3f}  {rate:,.0f} tok/s  held-out top-1/step {acc or '-'}"
-                bar.update(task, completed=done, info=info)
+                bar.update(task, completed=done, total=s.max_steps, info=info)
                 if not console.is_terminal:
-                    console.print(f"step {done} tokens {meta['tokens']:,} {info}")
+                    console.print(f"step {done}/{s.max_steps} tokens {meta['tokens']:,} {info}")
                 window_tokens, window_t, window_loss = 0, time.perf_counter(), []
             if done % s.checkpoint_every == 0 or done == s.max_steps:
-                ev = heldout_metrics(head, target, heldout, s, device, autocast)
-                meta["evals"].append({"step": done, "tokens": meta["tokens"], **ev})
-                last_eval = ev["acceptance"]
-                path = ckpt.save_checkpoint(run, done, head, optimizer, meta, target.config)
-                console.print(f"step {done}: held-out loss {ev['loss']:.3f}, top-1 per TTT step "
-                              f"{' '.join(f'{a:.3f}' for a in last_eval)}; checkpoint {path}")
+                t = time.perf_counter()
+                last_eval = _checkpoint(s, head, target, optimizer, heldout, meta, done, device, autocast, console, run)
+                budget.checkpointed(time.perf_counter() - t)
+
+
+def _checkpoint(s: Settings, head: TrainableHead, target: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                heldout: list[Batch], meta: dict, done: int, device: str, autocast: torch.dtype | None,
+                console: Any, run: Path) -> list[float]:
+    """Evaluate on the held-out sequences and write the checkpoint of step ``done``; returns the held-out top-1
+    per TTT step."""
+    ev = heldout_metrics(head, target, heldout, s, device, autocast)
+    meta["evals"].append({"step": done, "tokens": meta["tokens"], **ev})
+    meta["settings"] = asdict(s)  # max_steps as a time budget has set it
+    path = ckpt.save_checkpoint(run, done, head, optimizer, meta, target.config)
+    console.print(f"step {done}: held-out loss {ev['loss']:.3f}, top-1 per TTT step "
+                  f"{' '.join(f'{a:.3f}' for a in ev['acceptance'])}; checkpoint {path}")
+    return ev["acceptance"]

@@ -11,7 +11,7 @@ kernel launches per level, not Python per node. The host reads the device once a
 and the fed rows, in one transfer), plus once at each level where a stop decision is really open: a pruning
 checkpoint, the expansion floor, a pool big enough that it may already be settled, or the cost-aware builder's
 choice of depth. With a planned objective (on a GPU, where a read stalls the queue) the depth is chosen before
-the draft and nothing is read until the end (graft_cli/objective.py, ``Objective.replan``).
+the draft and nothing is read until the end (graft_cli/drafting/objective.py, ``Objective.replan``).
 
 The subclasses only say how to run one forward (:meth:`TreeDrafter._root` for the context, :meth:`_grow` for a
 level of the tree); the expansion, the pruning checkpoints, the chain mode and the bookkeeping of which tree
@@ -21,89 +21,18 @@ rows sit in the drafter's KV cache live here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
 from time import perf_counter
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
-import numpy as np
 
-from graft_cli.objective import Objective
-from graft_cli.prune import Checkpoint, PruneSchedule
-from graft_cli.stats import Stats
-from graft_cli.tree import ROOT, Tree, best_first
-from plugins.base import Step
+from graft_cli.drafting.objective import Objective
+from graft_cli.drafting.pool import Frontier, Pool
+from graft_cli.drafting.stop import ChainThreshold, Checkpoints, PerLevel, Planned, StopPolicy
+from graft_cli.core import best_first, Checkpoint, PruneSchedule, ROOT, Stats, Step, Tree
 
 SOURCE = "draft"
-
-
-class Pool:
-    """Every candidate of one draft, on the device, one block per level in insertion order (a level's nodes by
-    frontier node, each one's children best first), so a pool index is a Tree index: parents precede children,
-    and of two equal scores the earlier, never deeper, node ranks first."""
-
-    def __init__(self) -> None:
-        self.blocks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (tokens, parents, cum log-probs)
-        self.size = 0
-        self.earlier = 0  # nodes in every block but the newest
-        self._joined: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # the blocks, concatenated
-
-    def add(self, tokens: torch.Tensor, parents: torch.Tensor, cum: torch.Tensor) -> int:
-        """Append one level's candidates; return the pool index of the first."""
-        base = self.size
-        self.blocks.append((tokens, parents, cum))
-        self.earlier, self.size, self._joined = base, base + tokens.shape[0], None
-        return base
-
-    def arrays(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Tokens, parents and cumulative log-probs of the whole pool (concatenated once per level added)."""
-        if self._joined is None:
-            self._joined = tuple(torch.cat(column) for column in zip(*self.blocks))  # type: ignore[assignment]
-        return self._joined  # type: ignore[return-value]
-
-    def best(self, n: int) -> torch.Tensor:
-        """The ``n`` best cumulative log-probs of the pool, best first (float64, for one read)."""
-        return torch.topk(self.arrays()[2].double(), n).values
-
-    def best_at(self, sizes: Sequence[int], n: int) -> torch.Tensor:
-        """``[len(sizes), n]``: for each earlier size of the pool, the ``n`` best cumulative log-probs of its
-        nodes then (-inf past them), best first: a planned draft's levels, in one call."""
-        cum = self.arrays()[2].double()
-        then = torch.arange(cum.shape[0], device=cum.device)[None] < torch.tensor(sizes, device=cum.device)[:, None]
-        return torch.topk(torch.where(then, cum[None], -math.inf), n, dim=1).values
-
-    def settled(self, keep: int, best: torch.Tensor) -> torch.Tensor:
-        """Whether ``keep`` nodes already outscore ``best`` (a deeper node's bound), as a device bool. Scores
-        are compared as Tree holds them, ``exp`` in float64 (equal when both underflow)."""
-        scores = self.arrays()[2].double().exp()
-        return torch.topk(scores, keep).values[-1] > best.double().exp()
-
-    def select(self, cum: torch.Tensor, keep: int) -> torch.Tensor:
-        """Pool indices of the best ``keep`` nodes by ``cum`` (the pool's), ascending: what Tree.select keeps."""
-        if keep >= self.size:
-            return torch.arange(self.size, device=cum.device)
-        order = torch.sort(cum.double().exp(), descending=True, stable=True).indices[: max(keep, 0)]
-        return order.sort().values
-
-
-@dataclass
-class Frontier:
-    """The nodes the next level expands, best first, on the device."""
-
-    nodes: torch.Tensor  # pool indices
-    cum: torch.Tensor  # cumulative log-probs (float32)
-    tokens: torch.Tensor  # target ids
-    state: torch.Tensor  # row of the last forward's states each one is fed with
-    parent_rows: torch.Tensor  # tree row its parent was fed at (-1: the root)
-    depth: torch.Tensor | int  # its depth in the tree (1: a child of the root); one for all when they share it
-
-    def __len__(self) -> int:
-        return self.nodes.shape[0]
-
-    def head(self, n: int) -> Frontier:
-        values = (getattr(self, f.name) for f in fields(self))
-        return Frontier(*(value if isinstance(value, int) else value[:n] for value in values))
 
 
 class TreeDrafter:
@@ -194,6 +123,8 @@ class TreeDrafter:
     @torch.inference_mode()
     def draft(self, context: Sequence[int], budget: int, stats: Stats, chain: Sequence[int] = (),
               objective: Objective | None = None) -> Tree:
+        """The expansion loop: a level of the tree per forward, each frontier node seeing its ancestors' rows, until
+        the stop policy ends the draft; then the kept nodes, read in one transfer."""
         clock = perf_counter()
         if self.tree_rows:  # observe() was not called after the last draft
             self._drop_tree([])
@@ -201,66 +132,12 @@ class TreeDrafter:
         self.stopped_at, self.levels, self.forward_rows, self.catch_up_s = None, 0, [], 0.0
         if budget <= 0:
             return Tree()
+        policy = self._stop_policy(budget, objective, lambda: perf_counter() - clock - self.catch_up_s)
         pool = self._candidates = Pool()
         frontier, state_rows, fed = self._first_level(pool, context, list(chain))
-        cap = self.depth if objective is None else objective.max_levels
-        planned = objective is not None and objective.planned and not self.chain
-        # row r: the tree rows that the node fed at row r sees (itself from the start, its ancestors once fed);
-        # the extra last row, index -1, stays empty: the root's, so the root's children look it up like every other
-        rows = self.tree_rows + (cap - 1) * self.top_k
-        ancestors = torch.eye(rows + 1, rows, dtype=torch.bool, device=frontier.cum.device)
-        if self.tree_rows:  # a checked chain: each row sees those before
-            ancestors[: self.tree_rows, : self.tree_rows].fill_(True).tril_()
-        frontier_cum, settled, line = [], False, []  # host copies, at the levels that read them
-        levels: list[tuple[torch.Tensor, int]] = []  # planned: each level's frontier (unread) and pool size
-        self.levels, keep = 1, budget
-        while True:
-            level, deeper = self.levels - 1, self.levels < cap
-            ranked = min(budget, pool.size) if objective is not None else 0
-            if planned:  # the depth was chosen before the draft: nothing is read until the end
-                levels.append((frontier.cum, pool.size))
-                if not deeper or not len(frontier) or self.levels >= (objective.levels or cap):
-                    break
-            else:
-                chain_threshold = self.prune.chain_threshold(level) if self.chain and self.prune is not None else 0.0
-                point = self.prune.at(level) if self.prune is not None and not self.chain and objective is None else None
-                floor = self.prune.floor if deeper and self.prune is not None and not self.chain else 0.0
-                # only nodes of earlier levels can outscore the newest level's best, so a smaller pool cannot settle
-                may_settle = deeper and pool.earlier >= keep and objective is None
-                if chain_threshold > 0 or point is not None or floor > 0 or may_settle or ranked:  # this level's read
-                    read = [frontier.cum.double()]
-                    if may_settle:
-                        read.append(pool.settled(keep, frontier.cum[0]).double()[None])
-                    if ranked:
-                        read.append(pool.best(ranked))
-                    host = torch.cat(read).tolist()
-                    frontier_cum, settled = host[: len(frontier)], may_settle and host[len(frontier)] > 0
-                if chain_threshold > 0 and _prob(frontier_cum[0]) < chain_threshold:
-                    keep = min(keep, pool.size - 1)  # keep the confident prefix: the newest node goes
-                    break
-                if point is not None and self.prune.stops(level, max(frontier_cum)) is not None:
-                    self.stopped_at, keep = point, self.prune.keep(point, budget)
-                    break
-                if floor > 0:  # not worth a draft row; the frontier is sorted, so the worthy nodes lead
-                    frontier = frontier.head(sum(1 for c in frontier_cum if c >= math.log(floor)))
-                    frontier_cum = frontier_cum[: len(frontier)]
-                if objective is not None:  # expected tokens per second decide the depth, and the nodes kept
-                    if frontier_cum:
-                        if line:
-                            objective.observe_confidence(line[-1], frontier_cum[0])
-                        line.append(frontier_cum[0])  # the best path's newest node
-                    spent = objective.spent(perf_counter() - clock - self.catch_up_s, self.forward_rows)
-                    best_path = [_prob(c) for c in line]
-                    plan = objective.best(np.exp(np.array(host[len(host) - ranked :])), spent, best_path)
-                    keep = plan.count
-                    if not deeper or not objective.extend([_prob(c) for c in frontier_cum], plan, spent, best_path):
-                        break
-                elif not deeper:
-                    break
-                if not len(frontier):
-                    break
-                if may_settle and settled:  # no deeper node could make the cut: stop for free
-                    break
+        ancestors = self._ancestors(policy.cap, frontier.cum.device)
+        self.levels = 1
+        while (frontier := policy.level(self.levels - 1, frontier, pool)) is not None:
             # one batched forward for the whole frontier, each node seeing its parent's rows and itself
             start, end = self.tree_rows, self.tree_rows + len(frontier)
             mask = ancestors[start:end, :end]
@@ -270,21 +147,32 @@ class TreeDrafter:
             self.tree_rows, self.levels = end, self.levels + 1
             fed.append(frontier.nodes)
             frontier = self._children(pool, frontier, logp, start)
-        more, ranked = [], min(budget, pool.size)
-        if planned:  # per level: the frontier's log-probs, and the pool's best then, in the final read
-            more = [torch.cat([f for f, _ in levels]), pool.best_at([n for _, n in levels], ranked).flatten()]
-        columns, read = self._finish(pool, fed, keep, more)
-        count = len(columns[0])
-        if planned:
-            widths = np.cumsum([0] + [len(f) for f, _ in levels])
-            best = read[widths[-1] :]
-            walked = [(read[widths[i] : widths[i + 1]], best[i * ranked : i * ranked + min(ranked, n)])
-                      for i, (_, n) in enumerate(levels)]
-            count = objective.replan(walked, self.forward_rows)
+        self.stopped_at = policy.stopped_at
+        columns, read = self._finish(pool, fed, policy.keep, policy.final_reads(pool))
+        count = policy.count(len(columns[0]), read, self.forward_rows)
         tree = Tree.from_arrays(*_best(*columns, count), SOURCE)
         stats.draft_forwards += len(self.forward_rows)
         stats.times["draft"] += perf_counter() - clock
         return tree
+
+    def _stop_policy(self, budget: int, objective: Objective | None, elapsed: Callable[[], float]) -> StopPolicy:
+        """The rule of this draft: the objective's, planned before the draft where reads are dear (a chain is
+        judged level by level), else the fixed depth with its checkpoints, or a chain's threshold."""
+        if objective is None:
+            rule = ChainThreshold if self.chain else Checkpoints
+            return rule(self.depth, budget, self.prune)
+        if objective.planned and not self.chain:
+            return Planned(objective, budget)
+        return PerLevel(objective, budget, self.prune, self.chain, elapsed, self.forward_rows)
+
+    def _ancestors(self, cap: int, device: torch.device) -> torch.Tensor:
+        """Row r: the tree rows that the node fed at row r sees (itself from the start, its ancestors once fed);
+        the extra last row, index -1, stays empty: the root's, so the root's children look it up like every other."""
+        rows = self.tree_rows + (cap - 1) * self.top_k
+        ancestors = torch.eye(rows + 1, rows, dtype=torch.bool, device=device)
+        if self.tree_rows:  # a checked chain: each row sees those before
+            ancestors[: self.tree_rows, : self.tree_rows].fill_(True).tril_()
+        return ancestors
 
     def _first_level(self, pool: Pool, context: Sequence[int], chain: list[int]) -> tuple[Frontier, Any, list]:
         """The root's forward (with ``chain`` checked in it): the pool's first nodes, the first frontier, the

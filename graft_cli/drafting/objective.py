@@ -39,11 +39,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate
 from statistics import median
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from graft_cli.budget import LatencyModel
+from graft_cli.core.defaults import MAX_LEVELS
+from graft_cli.drafting.budget import LatencyModel
 
 DRAFT_PRIOR = 0.35  # a draft forward against a one-token target forward, until measured (Qwen 0.5B / 1.5B: 0.33)
 CONFIDENCE_PRIOR = 0.8  # the drafter's conditional probability of its best child, until measured
@@ -52,7 +53,6 @@ WINDOW = 16  # steps whose timings the costs of a forward are the median of
 EXPLORE = 8  # a mode that loses in a bucket is still tried every this many visits (conditions change)
 EMA_STEPS = (2 - MEMORY) / MEMORY  # the steps a running figure weighs as much as (its effective sample size)
 PRIOR_STEPS = 4.0  # the steps a mode's expected rate in a bucket weighs as much as
-MAX_LEVELS = 24  # draft forwards per step at most, unless --depth says otherwise
 BUCKETS = 8  # retrieval confidence buckets: expected accepted tokens 1, 2, ..., 8 and more
 TRIAL = 3  # steps of retrieval alone before a drafter may join a request whose prompt costs more than a target
 # forward to read
@@ -68,6 +68,14 @@ HORIZON = 32  # new tokens a request is expected to take at the least, when a dr
 EDGES = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99])
 CALIBRATION_PRIOR = 2.0  # tokens a bin's prior (the draft's own probability) weighs as much as
 FORGET = 0.97  # per drafted step, what the calibration and drafting's pooled rate keep of their past
+
+
+class RetrievalSoFar(NamedTuple):
+    """A request's steps before its drafter joined: what retrieval alone has done there."""
+
+    tokens: int  # accepted tokens
+    cost: float  # verification cost, in latency units
+    steps: int
 
 
 def _ema(old: float | None, new: float) -> float:
@@ -218,7 +226,7 @@ class Objective:
             return True
         return drafted >= skipped
 
-    def should_join(self, alone: tuple[int, float, int], rows: int, remaining: int,
+    def should_join(self, alone: RetrievalSoFar, rows: int, remaining: int,
                     retrieved: Sequence[float] = ()) -> bool:
         """Whether a drafter that has not read this request yet should read its ``rows`` tokens and draft:
         ``alone`` is this request's steps so far (accepted tokens, verification cost, steps), ``remaining`` the

@@ -15,21 +15,21 @@ import os
 import re
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from statistics import median
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
+
+import torch
 
 from datastores.atomic import write_text_atomic
-from graft_cli.budget import LatencyModel
-from graft_cli.errors import GraftError
-from graft_cli.limits import limits
+from graft_cli.catalog.checksums import model_checksum
+from graft_cli.catalog.home import graft_home
+from graft_cli.core import defaults_for, Proposer, ROOT, Stats, Step, Tree
+from graft_cli.drafting.budget import LatencyModel
+from graft_cli.runtime.limits import limits
+from graft_cli.runtime.loading import Loaded
+from graft_cli.runtime.target import Target
 
-if TYPE_CHECKING:
-    from graft_cli.graft import GraftProposer
-
-CPU_SIZES = (1, 2, 4, 8, 16, 32, 64)
-CUDA_SIZES = (1, 2, 4, 8, 16, 32, 64, 96, 128)
 CONTEXT = 320  # tokens in the KV cache while measuring
 LONG_CONTEXT = 2048  # ... and again, for what the context adds (two sizes)
 LONG_SIZES = (1, 16)
@@ -38,28 +38,8 @@ NOISY = 0.5  # timings spread above this: warn that the machine was busy
 PROFILE_VERSION = 4  # 4: what the context adds (per_context_s); 3: packed CPU linears; older profiles are remeasured
 
 
-def parse_budget(value: str | int | None) -> int | str | None:
-    """``--budget`` text to what MethodConfig takes: None, a positive int, or "auto"."""
-    if value is None or isinstance(value, int):
-        if isinstance(value, int) and value < 0:
-            raise GraftError(f"--budget must be 'auto' or a number >= 0, got {value}")
-        return value
-    text = str(value).strip().lower()
-    if text == "auto":
-        return "auto"
-    try:
-        number = int(text)
-    except ValueError:
-        raise GraftError(f"--budget must be 'auto' or a number of tree nodes, got '{value}'") from None
-    if number < 0:
-        raise GraftError(f"--budget must be 'auto' or a number >= 0, got {value}")
-    return number
-
-
 def device_label(device: str) -> str:
     """What the profile depends on besides the model: the accelerator's name, or the CPU thread count."""
-    import torch
-
     if device.startswith("cuda"):
         index = torch.device(device).index or 0
         name = torch.cuda.get_device_name(index)
@@ -68,23 +48,16 @@ def device_label(device: str) -> str:
 
 
 def profile_path(checksum: str, device: str, dtype: str) -> Path:
-    from graft_cli.catalog.home import graft_home
-
     return graft_home() / "profiles" / f"{checksum}-{device}-{dtype}.json"
 
 
-def measure(model, sizes: Sequence[int], context: int = CONTEXT, repeats: int = REPEATS) -> dict[int, list[float]]:
+def measure(model: torch.nn.Module, sizes: Sequence[int], context: int = CONTEXT, repeats: int = REPEATS) -> dict[int, list[float]]:
     """Seconds of one verification forward feeding ``n`` tokens (a chain tree of n-1 nodes): ``repeats``
     timings per n.
 
     Sizes are interleaved within every repeat so that machine drift hits all of them alike; each forward is
     rolled back so the cache holds ``context`` tokens every time.
     """
-    import torch
-
-    from graft_cli.target import Target
-    from graft_cli.tree import ROOT, Tree
-
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (context + max(sizes),), generator=gen).tolist()
@@ -138,13 +111,9 @@ def load_profile(path: Path) -> dict | None:
     return data
 
 
-def profile(loaded, refresh: bool = False, quiet: bool = False) -> dict:
+def profile(loaded: Loaded, refresh: bool = False, quiet: bool = False) -> dict:
     """The latency profile of ``loaded`` on its device: read from the cache, else measured and cached
     (``refresh`` or ``GRAFT_REPROFILE=1`` measures again)."""
-    import torch
-
-    from graft_cli.catalog.checksums import model_checksum
-
     device = loaded.device
     dtype = str(next(loaded.model.parameters()).dtype).replace("torch.", "")
     label = device_label(device)
@@ -153,7 +122,7 @@ def profile(loaded, refresh: bool = False, quiet: bool = False) -> dict:
         cached = load_profile(path)
         if cached is not None:
             return cached
-    sizes = CUDA_SIZES if device.startswith("cuda") else CPU_SIZES
+    sizes = defaults_for(device).profile_sizes
     if not quiet:
         print(f"graft: measuring verification latency of {loaded.spec} on {label} (once; cached in {path})",
               file=sys.stderr)
@@ -195,7 +164,7 @@ def profile(loaded, refresh: bool = False, quiet: bool = False) -> dict:
     return data
 
 
-def latency_model(loaded, refresh: bool = False, quiet: bool = False) -> LatencyModel:
+def latency_model(loaded: Loaded, refresh: bool = False, quiet: bool = False) -> LatencyModel:
     data = profile(loaded, refresh, quiet)
     return LatencyModel({int(n): float(t) for n, t in data["latency_s"].items()}, tuple(data["per_context_s"]),
                         int(data["context_tokens"]))
@@ -209,15 +178,15 @@ def cap(latency: LatencyModel) -> int:
 class AutoBudget:
     """A proposer whose every tree is cut to the size with the best expected accepted tokens per second."""
 
-    def __init__(self, inner: GraftProposer, latency: LatencyModel, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, inner: Proposer, latency: LatencyModel, clock: Callable[[], float] = time.perf_counter) -> None:
         self.inner, self.latency, self.clock = inner, latency, clock
         self.wants_hidden = inner.wants_hidden
         self.chosen: list[int] = []  # tree nodes kept per step, across every generation
 
-    def start(self, prompt, prefill, capacity) -> None:
+    def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
         self.inner.start(prompt, prefill, capacity)
 
-    def propose(self, context, stats):
+    def propose(self, context: Sequence[int], stats: Stats) -> Tree:
         self.latency.context = len(context)
         t0 = self.clock()
         tree = self.inner.propose(context, stats)
@@ -228,18 +197,8 @@ class AutoBudget:
         stats.budgets.append(keep)
         return tree.select(keep)
 
-    def observe(self, step) -> None:
+    def observe(self, step: Step) -> None:
         self.inner.observe(step)
 
     def close(self) -> None:
         self.inner.close()
-
-
-def build_auto(config, loaded, build: Callable):
-    """``methods.build`` for ``budget="auto"``: the proposer at a generous cap, on the measured latency model,
-    cut per step by :class:`AutoBudget`. Plain decoding (``ar``) has no tree and needs no profile."""
-    if config.method == "ar":
-        return build(replace(config, budget=0), loaded)
-    latency = latency_model(loaded)
-    inner = build(replace(config, budget=cap(latency)), loaded, latency)  # its own choices use the same costs
-    return AutoBudget(inner, latency)

@@ -12,7 +12,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-ROOT = -1
+ROOT = -1  # the parent of the root's children
+ROOM = 256  # positions a request reserves past its last new token: room for the tree verified at its end
 
 
 def best_first(scores: Sequence[float], depths: Sequence[int]) -> list[int]:

@@ -1,35 +1,21 @@
-"""How many candidate nodes are worth verifying: a latency model of the target and calibrated acceptance.
+"""How many candidate nodes are worth verifying: a latency model of the target.
 
 A node earns its verification slot when the tokens it is expected to add outweigh the extra forward time it
 costs. Both sides are estimates: latency by tokens fed (measured, or a device default), and acceptance from each
-source's own score, corrected online by how often that source's nodes were really accepted.
+source's own score, calibrated (graft_cli/core/calibration.py).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from graft_cli.tree import ROOT, Tree
+from graft_cli.core import defaults_for
 
-# Forward latency relative to one token, by tokens fed. CPU: measured on SmolLM2-135M with a 512-token cache and
-# graft's CPU kernels (benchmarks/cpu_kernels.py, docs/benchmarks.md: the mean of two rounds, made non-decreasing);
-# CUDA: flat while the GPU is memory-bound, the
-# regime EAGLE's budget of 60 assumes.
-DEFAULT_LATENCY = {
-    "cpu": {1: 1.0, 2: 1.08, 3: 1.12, 4: 1.12, 6: 1.12, 8: 1.22, 12: 1.40, 16: 1.52, 24: 2.01, 32: 2.48, 48: 3.47,
-            64: 4.26},
-    "cuda": {1: 1.0, 16: 1.0, 32: 1.02, 64: 1.08, 128: 1.35},
-}
-# What each context token past the curve's own cache (512 tokens) adds, in the same unit: to every forward, and per
-# fed token after the first. CPU: SmolLM2-135M, one thread, verification at 4K against a few hundred tokens
-# (docs/benchmarks.md, "Long context": one row 50 -> 86 ms, 17 rows 78 -> 200 ms). CUDA: not measured yet, so none.
-DEFAULT_PER_CONTEXT = {"cpu": (1.9e-4, 2.8e-5), "cuda": (0.0, 0.0)}
-DEFAULT_REFERENCE = 512
+DEFAULT_REFERENCE = 512  # the cache (tokens) the default curves were measured over (graft_cli/core/defaults.py)
 SPAN = 256  # node counts the latency curve is first tabulated for (more on demand)
 
 
@@ -51,8 +37,8 @@ class LatencyModel:
 
     @classmethod
     def default(cls, device: str) -> LatencyModel:
-        kind = "cuda" if device.startswith("cuda") else "cpu"
-        return cls(dict(DEFAULT_LATENCY[kind]), DEFAULT_PER_CONTEXT[kind], DEFAULT_REFERENCE)
+        defaults = defaults_for(device)
+        return cls(dict(defaults.latency), defaults.per_context, DEFAULT_REFERENCE)
 
     def __call__(self, n: float) -> float:
         """Latency at one count: the scalar path (plain Python: the objective asks a few dozen times a step)."""
@@ -134,67 +120,3 @@ class LatencyModel:
             size = max(end, SPAN, 0 if curve is None else 2 * curve.shape[0])
             curve = self._spans[longer] = self.curve(np.arange(size, dtype=np.float64))
         return curve[first:end]
-
-
-DEPTHS = 6  # depths from here on share one calibration entry
-
-
-@dataclass
-class Calibration:
-    """Per source (or ``group``) and depth, the ratio of nodes accepted to acceptance predicted, applied to each
-    node's conditional score. Starts at 1 (trust the source) with a weak prior, so it adapts within a few steps.
-
-    The proposer keeps one over every source; a retriever may keep its own, grouped by what it knows of a lookup
-    (the prompt-local cache: how long the matched suffix was)."""
-
-    prior: float = 2.0
-    predicted: dict = field(default_factory=lambda: defaultdict(float))
-    accepted: dict = field(default_factory=lambda: defaultdict(float))
-
-    @staticmethod
-    def _key(source: str, depth: int) -> tuple[str, int]:
-        return source, min(depth, DEPTHS)
-
-    def ratio(self, source: str, depth: int) -> float:
-        key = self._key(source, depth)
-        return (self.accepted[key] + self.prior) / (self.predicted[key] + self.prior)
-
-    def apply(self, tree: Tree, group: str | None = None, in_place: bool = False) -> Tree:
-        """The same tree with every node's conditional score (score / parent's score) corrected.
-        The shape is unchanged, so the copy is built in one pass (nothing to merge); ``in_place``: no copy, for
-        a caller that owns ``tree`` (a retriever's fresh lookup)."""
-        ratios: dict[tuple[str, int], float] = {}
-        nodes, scores, raws = tree.nodes, [], []
-        for node in nodes:
-            key = (group or node.source, node.depth if node.depth < DEPTHS else DEPTHS)
-            ratio = ratios.get(key)
-            if ratio is None:
-                ratio = ratios[key] = (self.accepted[key] + self.prior) / (self.predicted[key] + self.prior)
-            if node.parent == ROOT:
-                conditional = node.score
-                scores.append(min(1.0, conditional * ratio))
-            else:
-                parent_raw = nodes[node.parent].score
-                conditional = node.score / parent_raw if parent_raw > 0 else 0.0
-                scores.append(scores[node.parent] * min(1.0, conditional * ratio))
-            raws.append(conditional)
-        if in_place:
-            for node, score, raw in zip(nodes, scores, raws):
-                node.score, node.raw = score, raw
-            return tree
-        return tree.rescored(scores, raws)
-
-    def observe(
-        self, tree: Tree, accepted_nodes: list[int], group: str | None = None, horizon: int | None = None
-    ) -> None:
-        """For every calibrated node whose parent was accepted: its source's own estimate, and the outcome.
-        Nodes deeper than ``horizon`` are left out (their outcome is unknown when the tree was not verified)."""
-        accepted = set(accepted_nodes)
-        nodes = tree.nodes
-        # only the children of the root and of accepted nodes were judged; in node order, so sums add up as before
-        for i in sorted(i for parent in (ROOT, *accepted_nodes) for i in tree.children(parent)):
-            node = nodes[i]
-            if (horizon is None or node.depth <= horizon) and node.raw == node.raw:  # NaN: not calibrated
-                key = self._key(group or node.source, node.depth)
-                self.predicted[key] += node.raw
-                self.accepted[key] += i in accepted

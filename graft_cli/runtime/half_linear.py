@@ -23,7 +23,7 @@ from functools import cache
 import torch
 from torch import nn
 
-from graft_cli.cpu_linear import CpuLinear
+from graft_cli.runtime.cpu_linear import CpuLinear
 
 
 @cache

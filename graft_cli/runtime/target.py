@@ -2,7 +2,7 @@
 
 The cache always holds every accepted token except the newest one, the *root*: each step feeds the root plus the
 candidate tree, so the root's own logits (the distribution for depth 1) come out of the same forward pass. The
-cache is a :class:`~graft_cli.kv_cache.PositionCache`, reserved per request, so a step moves only the rows it feeds
+cache is a :class:`~graft_cli.runtime.kv_cache.PositionCache`, reserved per request, so a step moves only the rows it feeds
 and keeps; the prompt is prefilled in chunks (bounded peak memory, and progress for long prompts).
 """
 
@@ -16,13 +16,12 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from graft_cli.attention import use_split_attention
-from graft_cli.attention_kernels import attention_kernels
-from graft_cli.kv_cache import PositionCache, cache_keyword
-from graft_cli.tree import Tree
+from graft_cli.runtime.attention import use_split_attention
+from graft_cli.runtime.attention_kernels import attention_kernels
+from graft_cli.runtime.kv_cache import PositionCache, cache_keyword
+from graft_cli.core import ROOM, Tree
 
 PREFILL_CHUNK = 512  # prompt tokens per prefill forward (see docs/benchmarks.md, "Long context")
-ROOM = 256  # cache rows reserved past the prompt when the caller does not say how many it needs
 Progress = Callable[[int, int], None]  # (prompt tokens prefilled so far, prompt length): at 0, then per chunk
 
 
@@ -133,7 +132,7 @@ class Target:
                 **self.cached,
                 use_cache=True,
                 output_hidden_states=hidden,
-                visible=past,  # every row sees the whole cache (graft_cli/attention.py)
+                visible=past,  # every row sees the whole cache (graft_cli/runtime/attention.py)
             )
         self.length = past + n
         return self._forward(out, hidden)

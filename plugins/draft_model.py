@@ -1,6 +1,6 @@
 """A small causal LM that shares the target's tokenizer, drafting EAGLE-2 trees over its own KV cache.
 
-The cache is the target's :class:`~graft_cli.target.Target` machinery (prefill, tree-masked forwards, in-place
+The cache is the target's :class:`~graft_cli.runtime.target.Target` machinery (prefill, tree-masked forwards, in-place
 compaction to the accepted path) driven one level at a time: it holds the accepted context, then the tree rows of
 the current draft. After verification the rows of accepted nodes the drafter fed stay (their keys and values are
 exactly what a causal pass would give), the rest are cut, and the next draft feeds only what is still missing
@@ -8,7 +8,7 @@ exactly what a causal pass would give), the rest are cut, and the next draft fee
 
 With a reduced vocabulary the drafter scores only part of the target's (the LM head is a quarter of a 0.5B
 Qwen's weights, and a CPU streams all of it every draft forward): the N most frequent tokens of a corpus counted
-by ``graft models vocab`` (graft_cli/token_ranking.py), else the N lowest ids, which byte-level BPE tokenizers
+by ``graft models vocab`` (graft_cli/runtime/token_ranking.py), else the N lowest ids, which byte-level BPE tokenizers
 give their earliest merges; the special tokens always. A token outside it is never drafted; the target still
 verifies everything, so output is unchanged. On a CPU with a ranking counted, the default keeps the tokens that
 cover 99.99% of the corpus: on the Qwen pair's coding and math prompts, two side-by-side probes ran 5.5% and 7.0%
@@ -35,22 +35,16 @@ from __future__ import annotations
 
 import sys
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-from graft_cli import token_ranking
-from graft_cli.cpu_linear import CpuLinear, use_cpu_linears
-from graft_cli.drafters import TreeDrafter, positions
-from graft_cli.errors import GraftError
-from graft_cli.half_linear import HalfLinear, half_available, half_copy, to_half
-from graft_cli.prune import PruneSchedule
-from graft_cli.target import Target, on
-from plugins.base import Step
-
-if TYPE_CHECKING:
-    from graft_cli.drafters.registry import DrafterEnv
+from graft_cli.core import defaults_for, DrafterEnv, GraftError, PruneSchedule, Step
+from graft_cli.drafting import TreeDrafter, positions
+from graft_cli.runtime import (
+    CpuLinear, HalfLinear, Target, half_available, half_copy, loading, on, to_half, token_ranking, use_cpu_linears,
+)
 
 
 def check_vocab(target_tokenizer: Any, draft_tokenizer: Any, spec: str) -> None:
@@ -146,7 +140,7 @@ def default_vocab(asked: int | None, ranking: token_ranking.Ranking | None, devi
     unmeasured there, so it keeps the whole vocabulary), and the whole vocabulary without a ranking."""
     if asked is not None:
         return asked
-    if ranking is None or not str(device).startswith("cpu"):
+    if ranking is None or not defaults_for(device).ranked_draft_vocab:
         return 0
     size = ranking.size_for()
     print(f"graft: the draft model scores the {size:,} tokens that cover {token_ranking.COVERAGE:.2%} of a counted "
@@ -272,15 +266,14 @@ def _common(held: Sequence[int], prompt: Sequence[int]) -> int:
 def make(env: DrafterEnv) -> DraftModelDrafter:
     """The ``model`` drafter (``--draft NAME``, or ``model:NAME``): a catalog name or path, loaded on the target's
     device in its dtype, refused unless it spells tokens as the target does; with ``--draft-weights fp16`` (a CPU's
-    default) its linears run over half-precision weights (graft_cli/half_linear.py)."""
-    from graft_cli.loading import load_model  # looked up per call: graft bench shares one copy of each model
-
+    default) its linears run over half-precision weights (graft_cli/runtime/half_linear.py)."""
     target = env.target
     dtype = str(next(target.model.parameters()).dtype).replace("torch.", "")
-    loaded = load_model(env.spec, target.device, dtype)
+    loaded = loading.load_model(env.spec, target.device, dtype)  # looked up per call: graft bench shares models
     check_vocab(target.tokenizer, loaded.tokenizer, env.spec)
     model = loaded.model
-    if env.draft_weights == "fp16":
+    settings = env.settings
+    if settings.draft_weights == "fp16":
         if not str(target.device).startswith("cpu") or not half_available():
             raise GraftError("--draft-weights fp16 runs a draft model's linears on FBGEMM's fp16 CPU kernel: this run "
                              f"is on {target.device}{'' if half_available() else ', and this torch has no FBGEMM'} "
@@ -288,6 +281,6 @@ def make(env: DrafterEnv) -> DraftModelDrafter:
         model = half_copy(model)  # the loaded draft stays as it is: graft bench's hf-assisted shares it
     size = target.model.config.vocab_size
     ranking = token_ranking.load(target.tokenizer, size)
-    kept = draft_vocab(target.tokenizer, size, default_vocab(env.draft_vocab, ranking, target.device), ranking)
-    return DraftModelDrafter(model, size, depth=env.depth, top_k=env.top_k, prune=env.prune, chain=env.chain,
-                             vocab=kept, window=env.draft_window or 0)
+    kept = draft_vocab(target.tokenizer, size, default_vocab(settings.draft_vocab, ranking, target.device), ranking)
+    return DraftModelDrafter(model, size, depth=settings.depth, top_k=settings.draft_top_k, prune=env.prune,
+                             chain=settings.chain, vocab=kept, window=settings.draft_window or 0)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from graft_cli.errors import GraftError
+from graft_cli.core import GraftError
 
 ATTENTION = {"full_attention", "sliding_attention", "chunked_attention"}
 TRUNCATE = ("left", "right")
@@ -85,17 +85,3 @@ def limits(config: Any) -> Limits:
         windows.append(int(chunk))
     positions = getattr(text, "max_position_embeddings", None)
     return Limits(int(positions) if positions else None, min(windows) if windows else None, model)
-
-
-def tree_reach(config: Any, device: str) -> int:
-    """How far past the last accepted token a method (a graft_cli.methods.MethodConfig) reaches: its budget in
-    tree nodes bounds both the depth (positions) and the rows (cache) of any tree it verifies."""
-    from graft_cli.methods import default_budget, tree_mode
-    from graft_cli.profile import CPU_SIZES, CUDA_SIZES
-
-    if config.method == "ar":
-        return 0
-    if config.budget == "auto" or (config.budget is None and tree_mode(config) == "cost"):
-        # the cap: the widest measured forward, root included
-        return max(CUDA_SIZES if device.startswith("cuda") else CPU_SIZES) - 1
-    return int(config.budget) if config.budget is not None else default_budget(device)

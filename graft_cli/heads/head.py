@@ -7,8 +7,8 @@ target positions minus one) and predicts the token at ``t + 2``; deeper tree lev
 instead of fused target features. Its logits cover a reduced draft vocabulary; ``d2t`` maps draft id ``d`` to
 target id ``d + d2t[d]``.
 
-The head keeps its own KV cache of accepted pairs. Tree rows are dropped after each verification and the accepted
-tokens are fed again with the target's real features, as EAGLE does.
+:func:`load_head` reads a head directory (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``, the
+keys of SpecForge's and the EAGLE authors' heads) and checks it against the target before anything runs.
 """
 
 from __future__ import annotations
@@ -17,21 +17,15 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from graft_cli.attention_kernels import attention_kernels
-from graft_cli.drafters import TreeDrafter, positions
-from graft_cli.errors import GraftError
-from graft_cli.kv_cache import PositionCache
-from graft_cli.prune import PruneSchedule
-from graft_cli.target import on
-from plugins.base import Step
-
-if TYPE_CHECKING:
-    from graft_cli.drafters.registry import DrafterEnv
+from graft_cli.core import GraftError
+from graft_cli.heads.names import resolve_head
+from graft_cli.runtime.attention_kernels import attention_kernels
+from graft_cli.runtime.kv_cache import PositionCache
+from graft_cli.runtime.target import on
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
@@ -145,7 +139,7 @@ class Eagle3Head:
         self.inv_freq = rope_frequencies(cfg, device)
         self.act = ACTIVATIONS[cfg.act]
         self.cache = PositionCache(1)
-        self.kernels = attention_kernels(device)  # no per-shape attention plans (graft_cli/attention_kernels.py)
+        self.kernels = attention_kernels(device)  # no per-shape attention plans (graft_cli/runtime/attention_kernels.py)
         self.reset()
 
     @property
@@ -228,12 +222,27 @@ class Eagle3Head:
 
 
 def load_head(path: str, target: torch.nn.Module, rope_theta: float | None = None) -> Eagle3Head:
-    """Read an EAGLE-3 head directory (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``) for
-    ``target``. Every problem is one line of GraftError naming the directory."""
-    from graft_cli.heads import resolve_head
-
+    """Read an EAGLE-3 head directory for ``target``. Every problem is one line of GraftError naming the
+    directory: a head that does not fit its target must fail before a token is drafted."""
     root = resolve_head(path)
     where = f"eagle3 head {path}"
+    raw = _read_config(root, where)
+    cfg = _head_config(raw, target, rope_theta, where)
+    weights = {k.removeprefix("model."): v for k, v in _read_weights(root, where).items()}
+    shapes = expected_shapes(cfg, target.config.hidden_size)
+    for name, shape in shapes.items():
+        if name not in weights:
+            raise GraftError(f"{where}: missing tensor '{name}'")
+        if tuple(weights[name].shape) != shape:
+            raise GraftError(f"{where}: tensor '{name}' has shape {list(weights[name].shape)}, expected {list(shape)}")
+    embed_target = target.get_input_embeddings().weight
+    embed = _embedding(weights, cfg, embed_target, where)
+    d2t = _draft_map(weights, cfg, embed_target.shape[0], where)
+    keep = {name: weights[name].to(embed_target.device, embed_target.dtype) for name in shapes}
+    return Eagle3Head(cfg, keep, embed, d2t.to(embed_target.device))
+
+
+def _read_config(root: Path, where: str) -> dict:
     try:
         raw = json.loads((root / "config.json").read_text())
     except FileNotFoundError:
@@ -244,10 +253,13 @@ def load_head(path: str, target: torch.nn.Module, rope_theta: float | None = Non
         raise GraftError(f"{where}: config.json is not a JSON object")
     if raw.get("fc_norm"):
         raise GraftError(f"{where}: heads with fc_norm are not supported")
+    return raw
+
+
+def _head_config(raw: dict, target: torch.nn.Module, rope_theta: float | None, where: str) -> HeadConfig:
+    """The head's shape from its config.json, the target's vocabulary filling what a head leaves out."""
     tconf = target.config
-    target_hidden = tconf.hidden_size
-    embed_target = target.get_input_embeddings().weight
-    vocab = embed_target.shape[0]
+    vocab = target.get_input_embeddings().weight.shape[0]
     try:
         hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
         theta, scaling = _rope_config(raw, rope_theta)
@@ -275,39 +287,39 @@ def load_head(path: str, target: torch.nn.Module, rope_theta: float | None = Non
         raise GraftError(f"{where}: unsupported hidden_act '{cfg.act}'")
     if tconf.num_hidden_layers < 3:
         raise GraftError(f"{where}: the target has {tconf.num_hidden_layers} layers; EAGLE-3 needs at least 3")
-    weights = _read_weights(root, where)
-    weights = {k.removeprefix("model."): v for k, v in weights.items()}
-    for name, shape in expected_shapes(cfg, target_hidden).items():
-        if name not in weights:
-            raise GraftError(f"{where}: missing tensor '{name}'")
-        if tuple(weights[name].shape) != shape:
-            raise GraftError(f"{where}: tensor '{name}' has shape {list(weights[name].shape)}, expected {list(shape)}")
-    device, dtype = embed_target.device, embed_target.dtype
+    return cfg
+
+
+def _embedding(weights: dict[str, torch.Tensor], cfg: HeadConfig, embed_target: torch.Tensor,
+               where: str) -> torch.Tensor:
+    """The head's own token embedding, or the target's when the head shares it (as most heads do)."""
     if "embed_tokens.weight" in weights:
         embed = weights.pop("embed_tokens.weight")
         if tuple(embed.shape) != (cfg.vocab, cfg.hidden):
             raise GraftError(f"{where}: tensor 'embed_tokens.weight' has shape {list(embed.shape)}, "
                              f"expected {[cfg.vocab, cfg.hidden]}")
-        embed = embed.to(device, dtype)
-    elif embed_target.shape[1] == cfg.hidden:
-        embed = embed_target
-    else:
-        raise GraftError(f"{where}: no 'embed_tokens.weight' and the target's embeddings are {embed_target.shape[1]} "
-                         f"wide, not the head's {cfg.hidden}")
+        return embed.to(embed_target.device, embed_target.dtype)
+    if embed_target.shape[1] == cfg.hidden:
+        return embed_target
+    raise GraftError(f"{where}: no 'embed_tokens.weight' and the target's embeddings are {embed_target.shape[1]} "
+                     f"wide, not the head's {cfg.hidden}")
+
+
+def _draft_map(weights: dict[str, torch.Tensor], cfg: HeadConfig, vocab: int, where: str) -> torch.Tensor:
+    """``d2t`` (draft id to target id offsets), checked on the host: a bad id must never reach an embedding."""
     if "d2t" in weights:
         d2t = weights.pop("d2t")
         if tuple(d2t.shape) != (cfg.draft_vocab,) or d2t.dtype.is_floating_point:
             raise GraftError(f"{where}: 'd2t' must be {cfg.draft_vocab} integers, got {d2t.dtype} {list(d2t.shape)}")
     elif cfg.draft_vocab <= vocab:
-        d2t = torch.zeros(cfg.draft_vocab, dtype=torch.long)  # host: checked here, then moved to the model
+        d2t = torch.zeros(cfg.draft_vocab, dtype=torch.long)
     else:
         raise GraftError(f"{where}: missing tensor 'd2t' (the draft vocabulary is larger than the target's)")
     d2t = d2t.long()
-    mapped = torch.arange(cfg.draft_vocab) + d2t  # host: a load-time check, beside the CPU-loaded d2t
+    mapped = torch.arange(cfg.draft_vocab) + d2t
     if int(mapped.min()) < 0 or int(mapped.max()) >= min(vocab, cfg.vocab):
         raise GraftError(f"{where}: 'd2t' maps draft ids outside the target vocabulary of {min(vocab, cfg.vocab)}")
-    keep = {name: weights[name].to(device, dtype) for name in expected_shapes(cfg, target_hidden)}
-    return Eagle3Head(cfg, keep, embed, d2t.to(device))
+    return d2t
 
 
 def _read_weights(root: Path, where: str) -> dict[str, torch.Tensor]:
@@ -327,78 +339,3 @@ def _read_weights(root: Path, where: str) -> dict[str, torch.Tensor]:
             raise GraftError(f"{where}: {name} does not hold a dictionary of tensors")
         return state
     raise GraftError(f"{where}: no weights ({' or '.join(WEIGHT_FILES)})")
-
-
-class Eagle3Drafter(TreeDrafter):
-    wants_hidden = True
-
-    def __init__(self, head: Eagle3Head, target: torch.nn.Module, depth: int = 6, top_k: int = 4,
-                 prune: PruneSchedule | None = None, chain: bool = False) -> None:
-        super().__init__(depth, top_k, prune, chain)
-        self.head = head
-        self.layers = head_layers(head.cfg, target.config.num_hidden_layers)
-        self.num_states = target.config.num_hidden_layers + 1
-        self.pending_features: list[torch.Tensor] = []  # [n, 3·Ht] target features of pairs not yet fed
-        self.pending_tokens: list[int] = []
-        self.committed = 0  # pairs in the head's cache
-        self.next_position = 0
-
-    def _features(self, hidden: tuple[torch.Tensor, ...] | None, rows: list[int]) -> torch.Tensor:
-        if hidden is None or len(hidden) != self.num_states:
-            raise GraftError("the EAGLE-3 head needs the target's hidden states of every layer")
-        index = torch.tensor(rows, device=hidden[0].device)
-        return torch.cat([hidden[i].index_select(0, index) for i in self.layers], dim=-1)
-
-    def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
-        super().start(prompt, prefill, capacity)
-        self.head.reset(capacity)
-        self.committed = 0
-        # pair (features at t, token t + 1): the prompt's positions with the next prompt token, the last with
-        # the token the prefill chose
-        self.pending_features = [self._features(prefill.hidden, list(prefill.kept))]
-        self.pending_tokens = [*list(prompt)[1:], *prefill.accepted[:1]]
-
-    def observe(self, step: Step) -> None:
-        super().observe(step)
-        # the root and every accepted node, each paired with the token that followed it
-        self.pending_features.append(self._features(step.hidden, list(step.kept)))
-        self.pending_tokens.extend(step.accepted)
-
-    def _drop_tree(self, keep_rows: list[int]) -> None:
-        self.head.crop(self.committed)
-        self.tree_rows = 0
-
-    def _root(self, context: Sequence[int]) -> tuple[torch.Tensor, Any]:
-        head = self.head
-        features = torch.cat(self.pending_features, dim=0)
-        n, past, device = len(self.pending_tokens), self.committed, head.device
-        if n == 0:
-            raise RuntimeError("nothing new for the EAGLE-3 head to read")
-        tokens = torch.tensor(self.pending_tokens, dtype=torch.long, device=device)
-        positions = torch.arange(past, past + n, device=device)
-        allowed = torch.ones((n, past + n), dtype=torch.bool, device=device).tril(diagonal=past)
-        out = head.forward(tokens, head.fuse(features), positions, allowed)
-        self.committed += n
-        self.pending_features, self.pending_tokens = [], []
-        self.next_position = past + n  # where the root's children sit
-        return head.logp(out[-1]), out[-1:]
-
-    def _grow(self, tokens: torch.Tensor, states: Any, depth: int | torch.Tensor,
-              mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        n = tokens.shape[0]
-        at = positions(self.next_position - 1, depth, n, mask.device)
-        allowed = torch.cat([torch.ones((n, self.committed), dtype=torch.bool, device=mask.device), mask], dim=1)
-        out = self.head.forward(tokens, states, at, allowed)
-        return self.head.logp(out), out
-
-    def _to_target(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head.to_target(ids)
-
-    def _from_target(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head.from_target(ids)
-
-
-def make(env: DrafterEnv) -> Eagle3Drafter:
-    """The ``eagle3`` drafter (``--draft eagle3:DIR|NAME``): the head read and checked against the target."""
-    head = load_head(env.spec, env.target.model, env.rope_theta)
-    return Eagle3Drafter(head, env.target.model, depth=env.depth, top_k=env.top_k, prune=env.prune, chain=env.chain)

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graft_cli.errors import GraftError
+from graft_cli.core.defaults import defaults_for
+from graft_cli.core.errors import GraftError
 
-DEFAULT = "0:0.35,1:0.25,5:0.15"
+DEFAULT_SCHEDULE = "0:0.35,1:0.25,5:0.15"
 # the paper's example: 8, 24 and 40 of 60 nodes kept when drafting stops at the root, after depth 1, after depth 5
 _SHARE_AT = ([0, 1, 5], [8 / 60, 24 / 60, 40 / 60])
 
@@ -36,13 +37,6 @@ class Checkpoint:
     level: int  # checked once level + 1 draft levels exist
     threshold: float  # stop when the best path's probability is below this
     share: float  # of the budget the draft keeps when it stops here
-
-
-DEFAULT_FLOOR = {"cpu": 0.1, "cuda": 0.02}
-
-
-def default_floor(device: str) -> float:
-    return DEFAULT_FLOOR["cuda" if device.startswith("cuda") else "cpu"]
 
 
 @dataclass(frozen=True)
@@ -84,7 +78,7 @@ class PruneSchedule:
 
     @classmethod
     def default(cls, device: str = "cpu") -> PruneSchedule:
-        return cls.parse(DEFAULT, default_floor(device))
+        return cls.parse(DEFAULT_SCHEDULE, defaults_for(device).prune_floor)
 
     def at(self, level: int) -> Checkpoint | None:
         for point in self.checkpoints:

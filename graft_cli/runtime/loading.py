@@ -1,6 +1,7 @@
 """Loading a model and its tokenizer for generation: device and dtype choice, chat formatting, stop tokens.
 
-Nothing here reaches the network: models come from the local catalog or a local path.
+Nothing here reaches the network: models come from the local catalog or a local path (``local_files_only``).
+Loading changes nothing else in the process: transformers' logging is quieted for the load's duration only.
 
 ``device_map`` (``--device-map auto``) shards a model larger than one GPU through accelerate: its layers spread
 over the visible GPUs, then the CPU, then disk. Inputs go to the input embedding's device (``Loaded.device``,
@@ -9,22 +10,23 @@ over the visible GPUs, then the CPU, then disk. Inputs go to the input embedding
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import platform
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # generation never touches the network
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
-import torch  # noqa: E402
-
-from graft_cli.errors import GraftError  # noqa: E402
-from graft_cli.limits import Limits, limits  # noqa: E402
+from graft_cli.catalog.resolve import resolve_model
+from graft_cli.core import GraftError
+from graft_cli.runtime.cpu_linear import use_cpu_linears
+from graft_cli.runtime.limits import Limits, limits
+from graft_cli.runtime.target import input_device
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
@@ -39,8 +41,6 @@ class Loaded:
     @property
     def device(self) -> str:
         """Where inputs go: the input embedding's device (the only one unless the model is sharded)."""
-        from graft_cli.target import input_device
-
         return str(input_device(self.model))
 
     @property
@@ -94,66 +94,47 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map:
     ``device_map`` (accelerate's placement; see the module docstring). ``fast_cpu``: the CPU kernels below
     (training packs its own: whether weights get packed here depends on free memory, and a resumed run must compute
     the same bits as the run it continues)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    from graft_cli.catalog.resolve import resolve_model
-
-    hf_logging.disable_progress_bar()  # stderr carries our own progress and logs only
-
     device = pick_device(device)
     torch_dtype = pick_dtype(dtype, device)
     device_map = parse_device_map(device_map)
     path = resolve_model(spec)
-    try:
-        config = AutoConfig.from_pretrained(path)
-    except Exception as e:
-        raise GraftError(f"cannot load model from {path}: {_first_line(e)}") from e
-    limits(config)  # refuses layers that are not attention before a weight is read
-    placement = {}
-    if device_map is not None:  # weights that fit nowhere else go to disk, under the temp directory
-        placement = dict(device_map=device_map, offload_folder=os.path.join(tempfile.gettempdir(), "graft-offload"))
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa", **placement)
-    except Exception as e:  # corrupt weights, missing files, unsupported architecture, a bad device map
-        raise GraftError(f"cannot load model from {path}: {_first_line(e)}") from e
+    with quiet_transformers():
+        try:
+            config = AutoConfig.from_pretrained(path, local_files_only=True)
+        except Exception as e:
+            raise GraftError(f"cannot load model from {path}: {_first_line(e)}") from e
+        limits(config)  # refuses layers that are not attention before a weight is read
+        placement = {}
+        if device_map is not None:  # weights that fit nowhere else go to disk, under the temp directory
+            placement = dict(device_map=device_map, offload_folder=os.path.join(tempfile.gettempdir(), "graft-offload"))
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa",
+                                                         local_files_only=True, **placement)
+        except Exception as e:  # corrupt weights, missing files, unsupported architecture, a bad device map
+            raise GraftError(f"cannot load model from {path}: {_first_line(e)}") from e
     if device_map is None:
         model.to(device)
     model.eval()
-    if device == "cpu" and device_map is None and fast_cpu:  # a sharded model's modules belong to accelerate
-        cpu_kernels(model)
+    # the faster CPU linear kernels (cpu_linear.py); a sharded model's modules belong to accelerate
+    if device == "cpu" and device_map is None and fast_cpu and next(model.parameters()).dtype == torch.float32:
+        use_cpu_linears(model)
     return Loaded(model, tokenizer, Path(path), spec)
 
 
-def cpu_kernels(model: Any) -> None:
-    """The measured fixes that make a tree of a few tokens cheap to verify on a CPU (docs/benchmarks.md,
-    "CPU kernels"): faster linear kernels (graft_cli/cpu_linear.py), and grouped-query attention run by SDPA itself
-    even under a tree mask (transformers otherwise copies the whole KV cache once per layer with ``repeat_kv``
-    whenever a mask is given; on CUDA that would cost the efficient kernels, so it is set for CPU runs only); and
-    freed memory kept for the next step (:func:`reuse_freed_memory`)."""
-    from graft_cli.cpu_linear import use_cpu_linears
-
-    os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
-    if next(model.parameters()).dtype == torch.float32:
-        use_cpu_linears(model)
-    reuse_freed_memory()
-
-
-HEAP_BLOCK = 32 << 20  # allocations up to this size come from the heap (glibc's largest allowed)
-HEAP_SLACK = 256 << 20  # free memory the heap may keep for reuse before it gives memory back to the system
-
-
-def reuse_freed_memory() -> None:
-    """Keep freed memory for the next step, as CUDA's caching allocator does. glibc maps every large block afresh
-    and unmaps or trims it on free, so each step's logits (a 61-row block of a 49K vocabulary: 12 MB) fault their
-    pages in and give them back: 0.5-0.7 ms of kernel time a step on the host (docs/benchmarks.md, "Issue 12: host
-    overhead, the last costs"). Only on glibc; the setting is the process's, like its thread count."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return
-    libc = ctypes.CDLL(None)
-    libc.mallopt(-3, HEAP_BLOCK)  # M_MMAP_THRESHOLD: fixed, so it no longer adapts
-    libc.mallopt(-1, HEAP_SLACK)  # M_TRIM_THRESHOLD
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' warnings and progress bars off while graft loads a model, then as they were: stderr carries
+    graft's own progress and logs, and a program that loads through graft keeps its own logging settings."""
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def stop_ids(loaded: Loaded) -> set[int]:

@@ -26,8 +26,8 @@ from typing import Sequence
 
 import torch
 
-from graft_cli.target import Forward, Target
-from graft_cli.tree import Tree
+from graft_cli.runtime.target import Forward, Target
+from graft_cli.core import Tree
 
 TIE_TOLERANCE = {"float32": 1e-3, "float16": 0.25, "bfloat16": 1.5}
 

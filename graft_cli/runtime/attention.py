@@ -23,7 +23,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from graft_cli.limits import limits
+from graft_cli.runtime.limits import limits
 
 NAME = "graft_split"
 SPLIT_FROM = 1024  # visible keys below which the split's extra kernels cost more than they save (measured)

@@ -6,30 +6,12 @@ Plain decoding is the same loop with a proposer that never proposes anything.
 from __future__ import annotations
 
 from time import perf_counter
-from typing import Iterator, Protocol, Sequence
+from typing import Iterator, Sequence
 
-from graft_cli.sampling import Noise, Sampling, pick
-from graft_cli.stats import Stats
-from graft_cli.target import ROOM, Target
-from graft_cli.tree import Tree
-from graft_cli.verify import accept
-from plugins.base import Step
-
-
-class Proposer(Protocol):
-    """Grows the candidate tree for the next verification (drafters and retrievers hide behind one of these)."""
-
-    wants_hidden: bool  # whether observe() needs the target's hidden states (EAGLE heads do)
-
-    def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
-        """A new request of up to ``capacity`` positions (what the target's cache reserved)."""
-
-    def propose(self, context: Sequence[int], stats: Stats) -> Tree: ...
-
-    def observe(self, step: Step) -> None: ...
-
-    def close(self) -> None:
-        """End of the session (after its last ``decode``): parts that keep state on disk save it."""
+from graft_cli.core import ROOM, Proposer, Stats, Step, Stopwatch, Tree
+from graft_cli.runtime.sampling import Noise, Sampling, pick
+from graft_cli.runtime.target import Target
+from graft_cli.runtime.verify import accept
 
 
 def decode(
@@ -45,47 +27,40 @@ def decode(
     """Yield the new tokens of each step; stops after a stop token or exactly ``max_new_tokens`` tokens. Sampled
     text is a function of ``seed`` (with the model, prompt and sampling settings) alone, whatever the proposer."""
     stats = stats if stats is not None else Stats()
-    clock = perf_counter()
+    started = perf_counter()
     if max_new_tokens <= 0:
         return
+    watch = Stopwatch(stats.times)  # prefill, start (a draft model's own prefill, indexing), then each step's phases
     noise = None if sampling.greedy else Noise(0 if seed is None else seed, target.device)
     capacity = len(prompt) + max_new_tokens + ROOM  # the caches of target and draft are reserved once
     out = target.prefill(list(prompt), proposer.wants_hidden, capacity)
     first = pick(out.logits[-1], sampling, noise, 0)
     context = [*prompt, first]
-    stats.times["prefill"] += perf_counter() - clock
-    t0 = perf_counter()
+    watch.lap("prefill")
     proposer.start(prompt, Step(context, [first], Tree(), list(range(len(prompt))), out.logits, out.hidden), capacity)
-    stats.times["start"] += perf_counter() - t0  # a draft model's own prefill, the retrievers' indexing
+    watch.lap("start")
     new = [first]
     while True:
         new = _clip(new, max_new_tokens - stats.new_tokens, stop_ids)
         stats.new_tokens += len(new)
-        stats.wall = perf_counter() - clock
+        stats.wall = perf_counter() - started
         yield new
         if new[-1] in stop_ids or stats.new_tokens >= max_new_tokens:
             return
-        t0 = perf_counter()
+        watch.restart()
         tree = proposer.propose(context, stats).within(target.vocab_size)  # a plugin's bad ids never reach the model
-        t1 = perf_counter()
+        watch.lap("propose")
         out = target.verify(context[-1], tree, hidden=proposer.wants_hidden)
-        t2 = perf_counter()
+        watch.lap("verify")
         result = accept(tree, out.logits, sampling, noise, len(context) - len(prompt))
         rows = result.rows()
         target.keep(rows, len(tree) + 1)
         new = [tree.nodes[i].token for i in result.nodes] + [result.bonus]
         context.extend(new)
-        t3 = perf_counter()
+        watch.lap("accept")
         proposer.observe(Step(context, new, tree, rows, out.logits, out.hidden))
-        stats.times["propose"] += t1 - t0
-        stats.times["verify"] += t2 - t1
-        stats.times["accept"] += t3 - t2
-        stats.times["update"] += perf_counter() - t3
-        stats.steps += 1
-        stats.accept_lengths.append(len(new))
-        stats.proposed.update(node.source for node in tree.nodes)
-        stats.accepted.update(tree.nodes[i].source for i in result.nodes)
-        stats.accepted["bonus"] += 1
+        watch.lap("update")
+        stats.count_step(tree, result.nodes)
 
 
 def _clip(tokens: list[int], room: int, stop_ids: set[int]) -> list[int]:

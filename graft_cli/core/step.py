@@ -1,0 +1,23 @@
+"""What one target forward showed: the record every proposer, drafter and retriever learns from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from graft_cli.core.tree import Tree
+
+if TYPE_CHECKING:  # torch stays out of the core so that retriever plugins without torch import it cheaply
+    import torch
+
+
+@dataclass
+class Step:
+    """The prefill, then each verification: the context, what it appended, and the target's outputs."""
+
+    context: list[int]  # every token so far (prompt + generated); the last one is the next root
+    accepted: list[int]  # tokens this step appended (the accepted path and the bonus token)
+    tree: Tree  # the verified tree (empty for the prefill)
+    kept: list[int]  # rows of the fed block that joined the context (prefill: every prompt position)
+    logits: "torch.Tensor | None" = None  # target logits of the fed rows [T, V] (prefill: the last row only)
+    hidden: "Sequence[torch.Tensor] | None" = None  # per-layer hidden states [T, H], when a proposer asks

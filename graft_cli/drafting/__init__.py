@@ -1,0 +1,15 @@
+"""Drafting and retrieval policy: how a step's tree is grown, pruned, grafted and sized.
+
+The public names here are what a drafter plugin builds on (``TreeDrafter``) and what the method configuration
+assembles (the proposers and their cost models).
+"""
+
+from graft_cli.drafting.budget import LatencyModel
+from graft_cli.drafting.cost_aware import CostAwareProposer
+from graft_cli.drafting.objective import Objective
+from graft_cli.drafting.profile import AutoBudget, cap, latency_model
+from graft_cli.drafting.proposer import GraftProposer
+from graft_cli.drafting.tree_drafter import TreeDrafter, positions
+
+__all__ = ["AutoBudget", "CostAwareProposer", "GraftProposer", "LatencyModel", "MAX_LEVELS",
+           "Objective", "TreeDrafter", "cap", "latency_model", "positions"]

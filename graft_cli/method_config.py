@@ -1,0 +1,198 @@
+"""One configuration object for a method and its drafter, checked before the model loads.
+
+| method | drafter | pruning | retrievers (default) |
+|---|---|---|---|
+| ar | - | - | - |
+| pld | - | - | prompt |
+| recycling | - | - | recycling (Token Recycling's adjacency table) |
+| rest | - | - | suffix-array (REST: the --datastore alone) |
+| dense | --draft (required) | - | - (the EAGLE-2/3 baseline: the draft fills the whole budget) |
+| pruned | --draft (required) | --prune-at | - |
+| graft | --draft (optional) | --prune-at | prompt, recycling (+ suffix-array with --datastore) |
+
+graft with a drafter builds its tree by cost (``--tree cost``, graft_cli/drafting/objective.py): retrieval first,
+the retrieved chain checked in the draft's first forward, draft levels only while they raise the expected tokens
+per second (up to ``--depth``, 24 by default), pruning checkpoints replaced by that rule (the expansion floor
+stays). ``--tree fixed`` keeps the fixed depth and checkpoints. ``--chain`` makes the drafter draft one path; with
+``graft`` that is Graft(TAIL): the confident prefix of the chain is kept and the rest of the budget is filled with
+retrieved tokens, from the root and after the chain.
+
+``--draft KIND:SPEC`` names a drafter plugin of the ``graft.drafters`` entry-point group. KIND is the text before
+the first ``:`` only when a drafter of that name is installed, so a model path that holds a ``:`` still names a
+draft model; so does anything with no known kind in front (``--draft qwen2.5-coder-0.5b`` means
+``--draft model:qwen2.5-coder-0.5b``). A name in front that is neither installed nor a path is a typo, or a plugin
+not installed: that is an error, not a model to look for.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from graft_cli import discovery
+from graft_cli.core.defaults import MAX_LEVELS
+from graft_cli.core import defaults_for, DEFAULT_SCHEDULE, DraftSettings, GraftError, Options, PruneSchedule
+from graft_cli.runtime.half_linear import half_available
+
+STORE_RETRIEVER = "suffix-array"  # joins graft's defaults when a --datastore is given
+RETRIEVERS = {  # method -> the retrievers it uses by default
+    "ar": [],
+    "pld": ["prompt"],
+    "recycling": ["recycling"],
+    "rest": [STORE_RETRIEVER],
+    "dense": [],
+    "pruned": [],
+    "graft": ["prompt", "recycling"],
+}
+METHODS = tuple(RETRIEVERS)
+NEEDS_DRAFT = ("dense", "pruned")
+TAKES_DRAFT = ("dense", "pruned", "graft")
+DRAFT_WEIGHTS = ("fp16", "full")
+MIN_WINDOW = 64  # a draft window this short would leave the draft almost nothing to read
+CURVES = ("cpu", "cuda")
+DEFAULT_KIND = "model"  # a --draft with no known kind in front
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.+-]+")  # what a kind looks like: no '/', no drive letter
+
+
+@dataclass
+class MethodConfig:
+    method: str = "graft"
+    budget: int | str | None = None  # verification nodes per step; None: the device's default; "auto": measured
+    retrievers: list[str] | None = None  # None: the method's default list
+    options: Options = field(default_factory=Options)  # retriever options, e.g. datastore=...
+    draft: str | None = None  # --draft: a draft model, or KIND:SPEC of a graft.drafters plugin (eagle3:DIR, ...)
+    drafting: DraftSettings = field(default_factory=DraftSettings)  # how the drafter grows its tree
+    tree: str | None = None  # "cost" (graft's default with a drafter) or "fixed"
+    curve: str | None = None  # "cpu" or "cuda": choose trees by that device's default latency curve, not this one's
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.options, Options):  # a plain dict from a caller: the same keys, reads now counted
+            self.options = Options(self.options)
+
+
+def parse_budget(value: str | int | None) -> int | str | None:
+    """``--budget`` text to what MethodConfig takes: None, a positive int, or "auto"."""
+    if value is None or isinstance(value, int):
+        if isinstance(value, int) and value < 0:
+            raise GraftError(f"--budget must be 'auto' or a number >= 0, got {value}")
+        return value
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    try:
+        number = int(text)
+    except ValueError:
+        raise GraftError(f"--budget must be 'auto' or a number of tree nodes, got '{value}'") from None
+    if number < 0:
+        raise GraftError(f"--budget must be 'auto' or a number >= 0, got {value}")
+    return number
+
+
+def check(config: MethodConfig) -> None:
+    """What can be checked before the model loads: the method and its flags."""
+    method, drafting = config.method, config.drafting
+    if method not in RETRIEVERS:
+        raise GraftError(f"unknown method '{method}' (choose from {', '.join(METHODS)})")
+    if method in NEEDS_DRAFT and not config.draft:
+        raise GraftError(f"--method {method} needs a drafter: --draft MODEL or --draft eagle3:DIR")
+    if config.draft and method not in TAKES_DRAFT:
+        raise GraftError(f"--method {method} does not use a drafter (use dense, pruned or graft with --draft)")
+    if config.draft:
+        parse_draft(config.draft)  # an unknown KIND: fails here, before the model loads
+    if method == "rest" and not config.options.peek("datastore"):
+        raise GraftError("--method rest retrieves from a datastore: give --datastore NAME_OR_PATH")
+    if drafting.chain and not config.draft:
+        raise GraftError("--chain needs a drafter (--draft)")
+    if drafting.prune_at is not None and method == "dense":
+        raise GraftError("--prune-at prunes the draft tree: use --method pruned or graft, not dense")
+    window = drafting.draft_window
+    if window is not None and (window < 0 or 0 < window <= MIN_WINDOW):
+        raise GraftError(f"--draft-window must be 0 (the whole prompt) or more than {MIN_WINDOW} tokens")
+    if drafting.draft_weights not in (None, *DRAFT_WEIGHTS):
+        raise GraftError(f"--draft-weights must be one of {', '.join(DRAFT_WEIGHTS)}, got '{drafting.draft_weights}'")
+    if config.tree not in (None, "cost", "fixed"):
+        raise GraftError(f"--tree must be 'cost' or 'fixed', got '{config.tree}'")
+    if config.curve is not None and config.curve not in CURVES:
+        raise GraftError(f"curve={config.curve}: choose trees by one of {', '.join(CURVES)}'s latency curves")
+    if config.tree == "cost" and (method != "graft" or not config.draft):
+        raise GraftError("--tree cost chooses a drafter's tree: it needs --method graft and --draft")
+
+
+def tree_mode(config: MethodConfig) -> str:
+    """graft with a drafter builds its tree by cost unless told otherwise; every other method's is fixed."""
+    if config.tree is not None:
+        return config.tree
+    return "cost" if config.method == "graft" and config.draft else "fixed"
+
+
+def budget_for(config: MethodConfig, device: str) -> int:
+    """Verified nodes per step for a number or the device's default (``auto`` is resolved by measuring)."""
+    budget = config.budget if config.budget is not None else defaults_for(device).budget
+    if budget < 0:
+        raise GraftError("--budget must be >= 0")
+    return budget
+
+
+def tree_reach(config: MethodConfig, device: str) -> int:
+    """How far past the last accepted token a method reaches: its budget in tree nodes bounds both the depth
+    (positions) and the rows (cache) of any tree it verifies. A measured or cost-chosen tree is capped by the
+    widest forward the latency profile measures, root included."""
+    if config.method == "ar":
+        return 0
+    if config.budget == "auto" or (config.budget is None and tree_mode(config) == "cost"):
+        return max(defaults_for(device).profile_sizes) - 1
+    return budget_for(config, device)
+
+
+def drafting_for(config: MethodConfig, device: str) -> tuple[DraftSettings, PruneSchedule | None]:
+    """The drafting settings with every device default filled in, and the pruning schedule (None for dense:
+    the cost-aware tree keeps only the expansion floor, the objective replacing the checkpoints)."""
+    given, defaults = config.drafting, defaults_for(device)
+    cost = tree_mode(config) == "cost"
+    depth = given.depth if given.depth is not None else (MAX_LEVELS if cost else defaults.depth)
+    top_k = given.draft_top_k if given.draft_top_k is not None else defaults.draft_top_k
+    if depth < 1 or top_k < 1:
+        raise GraftError("--depth and --draft-top-k must be at least 1")
+    prune = None
+    if config.method != "dense":
+        schedule = given.prune_at if given.prune_at is not None else ("none" if cost else DEFAULT_SCHEDULE)
+        prune = PruneSchedule.parse(schedule, defaults.prune_floor)
+    window = given.draft_window if given.draft_window is not None else defaults.draft_window
+    settings = replace(given, depth=depth, draft_top_k=top_k, draft_window=window,
+                       draft_weights=given.draft_weights or draft_weights_for(device))
+    return settings, prune
+
+
+def draft_weights_for(device: str) -> str:
+    """The device's default draft weights, where this torch can run them: FBGEMM's fp16 kernel halves the bytes a
+    CPU draft forward reads; a GPU's draft already runs in the model's bf16/fp16."""
+    weights = defaults_for(device).draft_weights
+    return weights if weights != "fp16" or half_available() else "full"
+
+
+def kinds() -> list[str]:
+    """The installed drafter kinds, sorted."""
+    return sorted(discovery.discover(discovery.DRAFTERS))
+
+
+def parse_draft(draft: str) -> tuple[str, str]:
+    """``--draft`` to ``(kind, spec)``; one GraftError line for a kind nobody installed or an empty spec."""
+    installed = kinds()
+    if DEFAULT_KIND not in installed:  # graft's own entry points: missing only from an install older than them
+        raise GraftError("graft's built-in drafters are not registered (installed before pyproject.toml declared "
+                         "them): reinstall graft (make install, or pip install -e .)")
+    kind, colon, spec = draft.partition(":")
+    if colon and kind in installed:
+        if not spec:
+            raise GraftError(f"--draft {draft}: nothing after '{kind}:' (give --draft {kind}:SPEC)")
+        return kind, spec
+    if colon and _NAME.fullmatch(kind) and not Path(draft).exists():
+        close = difflib.get_close_matches(kind, installed, n=1)
+        hint = f"; did you mean {close[0]}:{spec}?" if close else ""
+        raise GraftError(f"--draft {draft}: unknown drafter kind '{kind}' (installed: {', '.join(installed) or 'none'}"
+                         f"{hint}); a draft model is named without a kind, or as model:NAME")
+    if not draft.strip():
+        raise GraftError("--draft is empty: give a draft model, or KIND:SPEC")
+    return DEFAULT_KIND, draft

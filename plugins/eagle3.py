@@ -1,0 +1,92 @@
+"""The ``eagle3`` drafter: EAGLE-3 heads draft from the target's own hidden states (graft_cli/heads/head.py).
+
+The head keeps its own KV cache of accepted pairs. Tree rows are dropped after each verification and the accepted
+tokens are fed again with the target's real features, as EAGLE does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from graft_cli.core import DrafterEnv, GraftError, PruneSchedule, Step
+from graft_cli.drafting import TreeDrafter, positions
+from graft_cli.heads import Eagle3Head, head_layers, load_head
+
+
+class Eagle3Drafter(TreeDrafter):
+    wants_hidden = True
+
+    def __init__(self, head: Eagle3Head, target: torch.nn.Module, depth: int = 6, top_k: int = 4,
+                 prune: PruneSchedule | None = None, chain: bool = False) -> None:
+        super().__init__(depth, top_k, prune, chain)
+        self.head = head
+        self.layers = head_layers(head.cfg, target.config.num_hidden_layers)
+        self.num_states = target.config.num_hidden_layers + 1
+        self.pending_features: list[torch.Tensor] = []  # [n, 3·Ht] target features of pairs not yet fed
+        self.pending_tokens: list[int] = []
+        self.committed = 0  # pairs in the head's cache
+        self.next_position = 0
+
+    def _features(self, hidden: tuple[torch.Tensor, ...] | None, rows: list[int]) -> torch.Tensor:
+        if hidden is None or len(hidden) != self.num_states:
+            raise GraftError("the EAGLE-3 head needs the target's hidden states of every layer")
+        index = torch.tensor(rows, device=hidden[0].device)
+        return torch.cat([hidden[i].index_select(0, index) for i in self.layers], dim=-1)
+
+    def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
+        super().start(prompt, prefill, capacity)
+        self.head.reset(capacity)
+        self.committed = 0
+        # pair (features at t, token t + 1): the prompt's positions with the next prompt token, the last with
+        # the token the prefill chose
+        self.pending_features = [self._features(prefill.hidden, list(prefill.kept))]
+        self.pending_tokens = [*list(prompt)[1:], *prefill.accepted[:1]]
+
+    def observe(self, step: Step) -> None:
+        super().observe(step)
+        # the root and every accepted node, each paired with the token that followed it
+        self.pending_features.append(self._features(step.hidden, list(step.kept)))
+        self.pending_tokens.extend(step.accepted)
+
+    def _drop_tree(self, keep_rows: list[int]) -> None:
+        self.head.crop(self.committed)
+        self.tree_rows = 0
+
+    def _root(self, context: Sequence[int]) -> tuple[torch.Tensor, Any]:
+        head = self.head
+        features = torch.cat(self.pending_features, dim=0)
+        n, past, device = len(self.pending_tokens), self.committed, head.device
+        if n == 0:
+            raise RuntimeError("nothing new for the EAGLE-3 head to read")
+        tokens = torch.tensor(self.pending_tokens, dtype=torch.long, device=device)
+        positions = torch.arange(past, past + n, device=device)
+        allowed = torch.ones((n, past + n), dtype=torch.bool, device=device).tril(diagonal=past)
+        out = head.forward(tokens, head.fuse(features), positions, allowed)
+        self.committed += n
+        self.pending_features, self.pending_tokens = [], []
+        self.next_position = past + n  # where the root's children sit
+        return head.logp(out[-1]), out[-1:]
+
+    def _grow(self, tokens: torch.Tensor, states: Any, depth: int | torch.Tensor,
+              mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        n = tokens.shape[0]
+        at = positions(self.next_position - 1, depth, n, mask.device)
+        allowed = torch.cat([torch.ones((n, self.committed), dtype=torch.bool, device=mask.device), mask], dim=1)
+        out = self.head.forward(tokens, states, at, allowed)
+        return self.head.logp(out), out
+
+    def _to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head.to_target(ids)
+
+    def _from_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head.from_target(ids)
+
+
+def make(env: DrafterEnv) -> Eagle3Drafter:
+    """The ``eagle3`` drafter (``--draft eagle3:DIR|NAME``): the head read and checked against the target."""
+    settings = env.settings
+    head = load_head(env.spec, env.target.model, settings.rope_theta)
+    return Eagle3Drafter(head, env.target.model, depth=settings.depth, top_k=settings.draft_top_k, prune=env.prune,
+                         chain=settings.chain)

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
+from graft_cli.heads import HeadConfig, expected_shapes
 from graft_cli.core import ROOT, Tree
 
 VOCAB = 97
@@ -72,8 +73,6 @@ def write_eagle3_head(root: Path, target, hidden: int = 48, heads: int = 4, kv_h
     """A random EAGLE-3 head for ``target`` in the format users' heads come in (config.json + model.safetensors,
     ``d2t`` mapping draft id d to target id 2d + 1)."""
     from safetensors.torch import save_file
-
-    from graft_cli.heads import HeadConfig, expected_shapes
 
     vocab = target.config.vocab_size
     cfg = HeadConfig(hidden, heads, kv_heads, head_dim, intermediate, vocab, draft_vocab, 10000.0, 1e-6, "silu")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from datastores import DatastoreError, fingerprint_from_tokenizer, open_store, resolve_store
+from graft_cli.catalog import graft_home
 from graft_cli.core import GraftError, RetrieverDefaults, RetrieverEnv, Step, Tree
 from plugins.calibration import LookupCalibration, match_group
 
@@ -24,23 +26,13 @@ def option(env: RetrieverEnv, name: str, key: str, default: Any, cast: Callable[
         raise GraftError(f"retriever {name}: option {key} must be a {cast.__name__}, not {raw!r}") from None
 
 
-def _home():
-    try:
-        from graft_cli.catalog.home import graft_home
-    except ImportError:  # pragma: no cover - the catalog ships with graft
-        return None
-    return graft_home()
-
-
 def open_datastore(env: RetrieverEnv, name: str, kind: str):
     """Open the store named by the ``datastore`` option, checking its kind and tokenizer."""
-    from datastores import DatastoreError, fingerprint_from_tokenizer, open_store, resolve_store
-
     spec = option(env, name, "datastore", None)
     if not spec:
         raise GraftError(f"retriever {name} needs a datastore (--datastore NAME_OR_PATH; `graft index list` shows them)")
     try:
-        path = resolve_store(spec, _home())
+        path = resolve_store(spec, graft_home())
         fingerprint = fingerprint_from_tokenizer(env.tokenizer) if env.tokenizer is not None else None
         verify = option(env, name, "verify", False, lambda s: str(s).lower() in ("1", "true", "yes"))
         key = (str(path.resolve()), fingerprint, env.device)

@@ -101,9 +101,8 @@ def test_bf16_every_method_matches_ar_up_to_floating_point_ties(prompts):
 
 
 def test_bf16_qwen_drafters_match_ar_up_to_floating_point_ties(prompts):
-    """The Qwen drafter methods in bf16 (run under `flock /work/wt/qwen.lock`). By default the 0.5B drafts for
-    itself: the 1.5B target takes about 8 s a token in bf16 on a 2-core CPU (docs/benchmarks.md, "Floating-point
-    ties"); GRAFT_BF16_TARGET=qwen2.5-coder-1.5b-instruct runs the real pair."""
+    """The Qwen drafter methods in bf16. By default the 0.5B drafts for itself: the 1.5B target takes about 8 s a
+    token in bf16 on a 2-core CPU; GRAFT_BF16_TARGET=qwen2.5-coder-1.5b-instruct runs the real pair."""
     import os
 
     target = os.environ.get("GRAFT_BF16_TARGET", "qwen2.5-coder-0.5b-instruct")

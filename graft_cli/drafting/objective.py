@@ -64,7 +64,7 @@ HORIZON = 32  # new tokens a request is expected to take at the least, when a dr
 # the draft's calibration: how often the target accepts a drafted token, by the draft's own probability of it given
 # its parent (bins from these lower edges). A well-aligned draft model is right far more often than its own
 # probabilities say at 0.4-0.9 (Qwen2.5-Coder 0.5B under 1.5B on Spec-Bench math: 85-95%), and less often than
-# they say at 0.99 and above (98%), so no single power of the probability fits both (docs/benchmarks.md)
+# they say at 0.99 and above (98%), so no single power of the probability fits both
 EDGES = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99])
 CALIBRATION_PRIOR = 2.0  # tokens a bin's prior (the draft's own probability) weighs as much as
 FORGET = 0.97  # per drafted step, what the calibration and drafting's pooled rate keep of their past
@@ -255,7 +255,7 @@ class Objective:
         """The new tokens a request is expected still to take, ``written`` taken and ``most`` the limit: as many
         again (an answer's length is unknown, and one that has run ``g`` tokens is as likely to end within ``g``
         more as to run past them), at least ``HORIZON``. Assuming the limit instead made the draft model read
-        700-token rag prompts for 12-20-token answers (docs/benchmarks.md)."""
+        700-token rag prompts for 12-20-token answers."""
         return min(most, max(written, HORIZON))
 
     def drafting_rate(self) -> float:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from graft_cli.catalog.resolve import resolve_model
 from graft_cli.core import GraftError
 from graft_cli.heads import checkpoint as ckpt
 from graft_cli.heads.model import TrainableHead
@@ -62,8 +63,6 @@ Held-out top-1 acceptance per TTT step (the head's top-1 equals the target's, te
 def ship(run: Path, out: Path, command: str = "") -> Path:
     """Write the head of ``run``'s newest checkpoint to ``out`` (atomically) with its README."""
     from transformers import AutoConfig
-
-    from graft_cli.catalog.resolve import resolve_model
 
     latest = ckpt.latest_checkpoint(run)
     if latest is None:

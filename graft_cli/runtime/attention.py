@@ -8,7 +8,7 @@ transformers copies each layer's keys and values once per query head (``repeat_k
 attention has no kernel on a CPU. Here the visible prefix runs through the flash kernel with no mask, the query
 heads of a key group folded into its query rows (the keys are read once, the GEMMs are taller); only the masked
 tail, a few rows of keys, is expanded per head. At 4K tokens on SmolLM2 one layer's 17-row verification takes about
-3.6 ms against 4.7 (docs/benchmarks.md, "Long context").
+3.6 ms against 4.7.
 
 The caller says how many keys every row sees by passing ``visible=N`` to the model's forward (transformers hands
 forward keyword arguments to the attention function). Without it, on short prefixes, off the CPU, and for one-row

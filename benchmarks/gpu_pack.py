@@ -40,7 +40,6 @@ from gpu_runbook import plan_text  # noqa: E402
 from graft_cli.core import GraftError  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
-HEAD_NAME = "smollm2-135m-instruct-eagle3"
 MODEL_STEM = "model"
 CORPUS = "corpus.npz"
 GPU_WHEELS = ("gguf", "pydivsufsort")  # at this checkout's versions
@@ -48,9 +47,11 @@ GPU_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_
                  "manylinux2014_x86_64", "manylinux1_x86_64")
 PIECE_BYTES = 37_000_000  # the 92.9 MB wheel in three pieces: 37 + 37 + 18.9 (with the corpus) beside a 25 MB tree
 MINUTES = 6.0
-# One step is 16 sequences of 1,024 tokens: 16K tokens, about 4 TFLOP of target forward and 20 TFLOP of head
-# (7 TTT steps, forward and backward); at H100 rates a few hundred thousand tokens a second, so the time budget,
-# not --max-steps, ends the run. Held-out: 1 document in 100, 64 sequences (about all of them) at each checkpoint.
+# A step is 16 sequences of 1,024 tokens (16K): about 4 TFLOP of target forward and 7 of head (7 TTT steps of its
+# 8.8 M weights forward and backward, and their attention), 14 ms at an H100's 790 TFLOP/s, and as long again to
+# move the fp32 draft-vocabulary logits: some 200-500K tokens a second, so the time budget, not --max-steps, ends
+# the run (--max-steps only caps it). Memory: 1.2 GB plus 1.45 GB a sequence, measured on this CPU in bf16 (25 GB).
+# Held-out: 1 document in 100 (about 70K tokens), 64 sequences of it (about all) at each checkpoint.
 TRAIN_GPU = {"--device": "cuda", "--seq-len": "1024", "--batch-size": "16", "--lr": "3e-4", "--warmup": "100",
              "--max-steps": "100000", "--checkpoint-every": "500", "--log-every": "50", "--eval-sequences": "64",
              "--heldout-every": "100"}
@@ -210,8 +211,7 @@ def train_there(folder: Path, out: Path, minutes: float, smoke: bool) -> int:
         except subprocess.TimeoutExpired:
             rc = 124
     record = {"command": command, "exit": rc, "device": environment(), "seconds": round(time.perf_counter() - t0)}
-    manifest = pieces.export_head(folder / "run", out, record,
-                                  pieces.HEAD_PIECE if not smoke else 32 << 10)
+    manifest = pieces.export_head(folder / "run", out, record, SMOKE_HEAD_PIECE if smoke else pieces.HEAD_PIECE)
     print(f"head exported into {out}: {len(manifest['pieces'])} pieces, {manifest['bytes']:,} bytes, sha256 "
           f"{manifest['sha256'][:16]}...; training exit {rc}", file=sys.stderr)
     return rc
@@ -236,6 +236,7 @@ def import_and_ship(folder: Path, run: Path, ship_to: Path | None) -> None:
 # --- the smoke run: every step above on this CPU -------------------------------------------------------------
 
 SMOKE_WORDS = 40
+SMOKE_HEAD_PIECE = 80 << 10  # the tiny head (125 KB) in two pieces, as the real one (19.7 MB) in 15 MiB ones
 
 
 def smoke_inputs(folder: Path) -> Path:
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpus", nargs="+", default=[str(ROOT.parent / "shared" / "data" / "corpus")])
     p.add_argument("--piece-mb", type=float, default=PIECE_BYTES / 1e6)
     sub.add_parser("plan", help="here: the run calls, each checked against 64 MiB")
-    p = sub.add_parser("check", help="there: piece N arrived whole")
+    p = sub.add_parser("check", help="there: pieces 1..N are there and whole")
     p.add_argument("index", type=int)
     p = sub.add_parser("train", help="there: join, pull, train, export the head into --out")
     p.add_argument("--out", type=Path, required=True)
@@ -316,9 +317,9 @@ def _run(args: argparse.Namespace) -> int:
         text = plan_text(args.dir)
         print(text)
         return 1 if "OVER" in text else 0
-    elif args.verb == "check":
-        row = pieces.check_piece(args.dir, MODEL_STEM, args.index)
-        print(f"piece {row['name']} arrived whole ({row['bytes']:,} bytes); {environment()}")
+    elif args.verb == "check":  # the earlier pieces too: a machine that went cold between calls shows here
+        rows = [pieces.check_piece(args.dir, MODEL_STEM, i) for i in range(1, args.index + 1)]
+        print(f"pieces 1..{args.index} there and whole ({sum(r['bytes'] for r in rows):,} bytes); {environment()}")
     elif args.verb == "train":
         return train_there(args.dir, args.out, args.minutes, smoke=False)
     elif args.verb == "import":

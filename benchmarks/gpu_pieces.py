@@ -161,11 +161,14 @@ def import_head(folder: Path, run: Path) -> tuple[Path, dict]:
     tmp = final.with_name(f".{final.name}.import")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "head").mkdir(parents=True)
-    weights = join_pieces(folder, HEAD_STEM, tmp / "head" / "model.safetensors")
-    (tmp / "head" / "config.json").write_text(config)
-    tensors = load_file(str(weights))
-    save_file({f"model.{k}": v.to(torch.float32) if v.is_floating_point() else v for k, v in tensors.items()},
-              str(tmp / "state.safetensors"))
-    (tmp / "state.json").write_text(json.dumps(state, indent=1) + "\n")
-    tmp.rename(final)
+    try:
+        weights = join_pieces(folder, HEAD_STEM, tmp / "head" / "model.safetensors")
+        (tmp / "head" / "config.json").write_text(config)
+        tensors = load_file(str(weights))
+        save_file({f"model.{k}": v.to(torch.float32) if v.is_floating_point() else v for k, v in tensors.items()},
+                  str(tmp / "state.safetensors"))
+        (tmp / "state.json").write_text(json.dumps(state, indent=1) + "\n")
+        tmp.rename(final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return final, record

@@ -15,8 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CALL_LIMIT = 64 << 20
 ASSUMED_TREE = 25_000_000  # the docs-as-manual work brings the tracked tree to this or less
-SHIP_TO = "graft_cli/heads/shipped/smollm2-135m-instruct-eagle3"
-SITE = "python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site"
+SHIP_TO = "graft_cli/heads/shipped/smollm2-135m-instruct-eagle3"  # replacing the head trained on a CPU
+SITE = "python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site"
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def calls(folder: Path) -> list[Call]:
     manifest = json.loads((folder / "model.json").read_text())
     count = len(manifest["pieces"])
     out = [Call(f"python3 benchmarks/gpu_pack.py check {i}", (f"{rel}/model.part{i}", f"{rel}/model.json"), 120,
-                f"piece {i} of {count}: arrives, is checked, and the machine's versions are printed")
+                f"piece {i} of {count} arrives; pieces 1..{i} are checked, the machine's versions printed")
            for i in range(1, count)]
     train = (f"set -o pipefail; {SITE} {rel}/whl/*.whl && PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 "
              f"python3 benchmarks/gpu_pack.py train --out $OUT 2>&1 | tee $OUT/train.log")

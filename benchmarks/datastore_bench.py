@@ -36,7 +36,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 SHARED = ROOT.parent / "shared" / "data"
 DEFAULT_MODEL = "/tmp/models/smollm2"

@@ -50,24 +50,22 @@ import torch
 from torch.nn.attention import SDPBackend
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # host_overhead.py, beside this file
 
 from graft_cli.core import DEFAULT_SCHEDULE, DraftSettings, ROOT, Tree
-from graft_cli import methods  # noqa: E402
-from graft_cli.runtime.attention_kernels import attention_kernels  # noqa: E402
-from graft_cli.bench.datasets import Question  # noqa: E402
-from graft_cli.bench.execution import Conversation, execute, warm_up  # noqa: E402
-from graft_cli.bench.results import summarize  # noqa: E402
-from graft_cli.bench.runners import EngineRunner, PeerRunner, shared_models  # noqa: E402
-from graft_cli.runtime.engine import decode  # noqa: E402
-from graft_cli.runtime.loading import load_model, stop_ids  # noqa: E402
-from graft_cli.runtime.lossless import MarginTarget, report  # noqa: E402
-from graft_cli.methods import MethodConfig  # noqa: E402
+from graft_cli import methods
+from graft_cli.runtime.attention_kernels import attention_kernels
+from graft_cli.bench.datasets import Question
+from graft_cli.bench.execution import Conversation, execute, warm_up
+from graft_cli.bench.results import summarize
+from graft_cli.bench.runners import EngineRunner, PeerRunner, shared_models
+from graft_cli.runtime.engine import decode
+from graft_cli.runtime.loading import load_model, stop_ids
+from graft_cli.runtime.lossless import MarginTarget, report
+from graft_cli.methods import MethodConfig
 from graft_cli.core.defaults import CUDA
-from graft_cli.runtime.sampling import Sampling, probabilities  # noqa: E402
-from graft_cli.synthetic import save_model_dir, tiny_model, word_tokenizer, write_eagle3_head  # noqa: E402
-from graft_cli.runtime.target import Target  # noqa: E402
+from graft_cli.runtime.sampling import Sampling, probabilities
+from graft_cli.synthetic import save_model_dir, tiny_model, word_tokenizer, write_eagle3_head
+from graft_cli.runtime.target import Target
 
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                  num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0)

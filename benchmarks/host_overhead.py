@@ -92,9 +92,8 @@ from graft_cli.runtime.loading import encode, load_model, stop_ids
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # phases.py and playback.py, beside this script
-from phases import DEVICE, FORWARD, Phases  # noqa: E402
-from playback import Replay, cold_caches  # noqa: E402
+from phases import DEVICE, FORWARD, Phases
+from playback import Replay, cold_caches
 
 PHASES = ("draft", "mask", "retrieve", "graft", "accept", "keep", "observe", "engine")
 CORPUS = "corpus/alpaca_eval_outputs/gpt4.jsonl"  # under the shared data, beside the benchmark prompts

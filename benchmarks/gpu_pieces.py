@@ -10,6 +10,7 @@ Nothing here unpickles: pieces are bytes, manifests JSON, tensors safetensors.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from datastores.atomic import atomic_file, write_json_atomic  # noqa: E402
+from datastores.atomic import atomic_file, copy_atomic, write_json_atomic  # noqa: E402
 from datastores.integrity import file_sha256  # noqa: E402
 from graft_cli.core import GraftError  # noqa: E402
 
@@ -54,8 +55,6 @@ def split_file(src: Path, folder: Path, stem: str, piece_bytes: int) -> dict:
 
 def _write_piece(src, dest: Path, size: int) -> dict:
     """Copy ``size`` bytes of the open file ``src`` to ``dest`` (atomically); its manifest row."""
-    import hashlib
-
     digest, left = hashlib.sha256(), size
     with atomic_file(dest) as tmp, open(tmp, "wb") as out:
         while left:
@@ -131,9 +130,8 @@ def export_head(run: Path, out: Path, record: dict, piece: int = HEAD_PIECE) -> 
         raise GraftError(f"no checkpoint under {run}: training wrote none")
     out = Path(out)
     manifest = split_file(latest / "head" / "model.safetensors", out, HEAD_STEM, piece)
-    for name, src in (("state.json", latest / "state.json"), ("config.json", latest / "head" / "config.json")):
-        with atomic_file(out / name) as tmp:
-            tmp.write_bytes(src.read_bytes())
+    copy_atomic(latest / "state.json", out / "state.json")
+    copy_atomic(latest / "head" / "config.json", out / "config.json")
     write_json_atomic(out / "export.json", {"checkpoint": latest.name, **record})
     return manifest
 

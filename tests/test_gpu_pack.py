@@ -221,6 +221,9 @@ def test_smoke_trains_within_its_time_and_the_head_comes_back_in_pieces(tmp_path
 
     with pytest.raises(GraftError, match="already holds a checkpoint"):
         pieces.import_head(tmp_path / "out", tmp_path / "imported")
+    # the training call again on the same warm machine: the earlier run is kept aside, this one starts afresh
+    assert pack.train_there(tmp_path, tmp_path / "again", 0.05, smoke=True) == 0
+    assert len(list(tmp_path.glob("run-*"))) == 1 and (tmp_path / "again" / "head.json").is_file()
     part = tmp_path / "out" / "head.part1"
     part.write_bytes(b"\0" + part.read_bytes()[1:])
     with pytest.raises(GraftError, match="head.part1 is damaged"):

@@ -1,5 +1,19 @@
-"""graft: lossless speculative decoding that drafts less and retrieves more."""
+"""graft: lossless speculative decoding that drafts less and retrieves more.
+
+The library's entry point is :func:`load` (graft_cli/api.py, docs/api.md). It is imported on first use, so that
+``import graft_cli`` stays cheap and leaves the process as it was.
+"""
+
+from typing import Any
 
 from graft_cli.core.version import __version__
 
-__all__ = ["__version__"]
+__all__ = ["Completion", "Generator", "Piece", "__version__", "load"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Completion", "Generator", "Piece", "load"):
+        from graft_cli import api  # lazy: torch and transformers load when the library is first used
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'graft_cli' has no attribute {name!r}")

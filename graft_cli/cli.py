@@ -21,6 +21,7 @@ from graft_cli.cli_index import index_app
 from graft_cli.cli_models import models_app
 from graft_cli.cli_plugins import plugins_app
 from graft_cli.core import GraftError
+from graft_cli.core.version import __version__
 from graft_cli.memory import reuse_freed_memory
 
 app = typer.Typer(
@@ -69,13 +70,23 @@ def _sweep() -> None:
 
 
 def _process_settings() -> None:
-    """What a graft command sets for its own process, and a program that imports graft does not get: the network
-    stays off unless a command says otherwise (models come from the catalog or a path), transformers' own warnings
-    stay off stderr, and freed memory is kept for the next step (graft_cli/runtime/loading.py). Each environment
-    variable only where the user has not set it."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    """What a graft command sets for its own process, and a program that imports graft does not get: transformers'
+    own warnings stay off stderr (unless the user set TRANSFORMERS_VERBOSITY), and freed memory is kept for the next
+    step (graft_cli/memory.py). The network is reached only to fetch a model or head the user named."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     reuse_freed_memory()
+
+
+def _version(show: bool) -> None:
+    if show:
+        print(f"graft {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", "-V", is_eager=True, callback=_version,
+                                          help="Print graft's version and exit.")) -> None:
+    """Lossless speculative decoding: draft less, retrieve more."""
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
@@ -17,16 +18,21 @@ from graft_cli.cli_options import (
 )
 from graft_cli.core import DEFAULT_SCHEDULE, DraftSettings, GraftError
 from graft_cli.core.defaults import MAX_LEVELS, both
+from graft_cli.method_config import ALIAS_HELP
+
+if TYPE_CHECKING:
+    from graft_cli.api import Generator
 
 SPECULATION, SAMPLING, OUTPUT = "Speculation", "Sampling", "Output"
 
 
 def generate(
+    text: Optional[str] = typer.Argument(None, metavar="PROMPT", help="The prompt (or --prompt, --prompt-file, stdin with -f -)."),
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Prompt text."),
     prompt_file: Optional[str] = typer.Option(None, "--prompt-file", "-f", help="Read the prompt from FILE ('-' = stdin)."),
     jsonl: bool = typer.Option(False, "--jsonl", help="Input is JSONL: {id, prompt} or {id, messages} per line; output is JSONL."),
     model: Model = DEFAULT_MODEL,
-    method: str = typer.Option("graft", "--method", rich_help_panel=SPECULATION, help="graft, dense, pruned, rest, recycling, pld or ar (see docs/architecture.md)."),
+    method: str = typer.Option("graft", "--method", rich_help_panel=SPECULATION, help=f"graft, dense, pruned, rest, recycling, pld or ar; vLLM's names work too: {ALIAS_HELP} (docs/architecture.md)."),
     draft: Draft = None,
     budget: Budget = None,
     tree: Optional[str] = typer.Option(None, "--tree", rich_help_panel=SPECULATION, help="How graft with a drafter shapes its tree: 'cost' (default: each step by expected tokens per second, docs/architecture.md) or 'fixed' (--depth levels and --prune-at checkpoints)."),
@@ -42,12 +48,14 @@ def generate(
     retrievers: Optional[str] = typer.Option(None, "--retrievers", rich_help_panel=SPECULATION, help="Comma-separated retriever plugins."),
     datastore: Datastore = None,
     retriever_opt: RetrieverOpt = [],
+    system: Optional[str] = typer.Option(None, "--system", "-s", help="A system prompt, before the prompt in the chat template."),
     raw: bool = typer.Option(False, "--raw", help="Do not apply the chat template."),
     max_new_tokens: MaxNewTokens = 256,
     temperature: float = typer.Option(0.0, "--temperature", "-t", min=0.0, rich_help_panel=SAMPLING, help="0 = greedy."),
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, rich_help_panel=SAMPLING, help="Sample from the smallest set of tokens whose probability reaches P (1 = all)."),
     top_k: int = typer.Option(0, "--top-k", min=0, rich_help_panel=SAMPLING, help="Sample from the K most likely tokens only (0 = all)."),
     seed: Optional[int] = typer.Option(None, "--seed", rich_help_panel=SAMPLING, help="Same seed, same text, with every method (default: a random seed)."),
+    stop: List[str] = typer.Option([], "--stop", rich_help_panel=OUTPUT, help="End the answer before this text (repeatable)."),
     device: Device = "auto",
     dtype: Dtype = "auto",
     device_map: DeviceMap = None,
@@ -56,24 +64,19 @@ def generate(
     prefill_chunk: int = typer.Option(512, "--prefill-chunk", min=1, rich_help_panel=DEVICE, help="Prompt tokens per prefill forward (bounds the prefill's peak memory; a progress bar shows on a terminal when the prefill takes over 2 s)."),
 ) -> None:
     """Generate text from a prompt, losslessly faster."""
-    from graft_cli import methods
+    from graft_cli.api import open_generator
     from graft_cli.method_config import MethodConfig, parse_budget
-    from graft_cli.runtime.limits import parse_truncate
-    from graft_cli.runtime.loading import load_model, parse_device_map
-    from graft_cli.runtime.sampling import Sampling
+    from graft_cli.prefill_bar import PrefillBar
 
-    try:
-        sampling = Sampling(temperature, top_k, top_p)
-    except ValueError as e:
-        raise GraftError(str(e)) from e
-    if prompt is not None and prompt_file is not None:
-        raise GraftError("give either --prompt or --prompt-file, not both")
+    given = [x for x in (text, prompt, prompt_file) if x is not None]
+    if len(given) > 1:
+        raise GraftError("give the prompt once: as an argument, --prompt or --prompt-file")
     if jsonl:
         lines = _read_text(prompt_file or "-").splitlines()
     else:
-        text = prompt if prompt is not None else _read_text(prompt_file) if prompt_file else None
+        text = prompt_file and _read_text(prompt_file) or (given[0] if given else None)
         if text is None:
-            raise GraftError("no prompt: give --prompt TEXT or --prompt-file FILE ('-' for stdin)")
+            raise GraftError("no prompt: give it as an argument, --prompt TEXT or --prompt-file FILE ('-' for stdin)")
         if not text.strip():
             raise GraftError("the prompt is empty")
     options = retriever_options(retriever_opt, datastore)
@@ -84,48 +87,42 @@ def generate(
                              draft_weights=draft_weights)
     config = MethodConfig(method, parse_budget(budget), retrievers.split(",") if retrievers else None, options, draft,
                           drafting, tree=tree)
-    methods.check(config)  # before the model loads: a wrong flag or store name should not cost seconds
-    methods.check_datastore(config)
-    truncate = parse_truncate(truncate)
-    loaded = load_model(model, device, dtype, parse_device_map(device_map))
-    session = _Session(loaded, config, sampling, max_new_tokens, seed, prefill_chunk)
-    session.raw, session.truncate = raw, truncate
+    settings = dict(system=system, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                    seed=seed if seed is not None else random.randrange(2**31), stop=stop, raw=raw,
+                    truncate=truncate)  # one seed for the whole run: a batch's lines sample as they would alone
+    generator = open_generator(model, config, device, dtype, device_map, prefill_chunk, PrefillBar())
     try:
-        _check_options(options, method)
         if jsonl:
-            _run_jsonl(session, lines, raw, stats)
+            _run_jsonl(generator, lines, settings, stats)
         else:
-            run = session.run(text, stream=True)
-            if stats:
-                print(f"graft: {run.summary()}", file=sys.stderr)
+            _run_one(generator, text, settings, stats)
     except BrokenPipeError:  # `graft generate ... | head`: the reader has what it wanted
         _silence_stdout()
         raise typer.Exit(0)
     finally:
-        session.proposer.close()  # retrievers that keep state on disk (--adjacency-file) save it now
+        generator.close()  # retrievers that keep state on disk (--adjacency-file) save it now
+
+
+def _run_one(generator: Generator, text: str, settings: dict, stats: bool) -> None:
+    """The answer streamed to stdout as it is accepted, then a newline; the statistics on stderr."""
+    stream = generator.stream(text, **settings)
+    for piece in stream:
+        sys.stdout.write(piece.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    if stats:
+        print(f"graft: {stream.completion.stats.summary()}", file=sys.stderr)
 
 
 def _silence_stdout() -> None:
     """Point stdout at /dev/null so that the interpreter's last flush does not fail on the closed pipe again."""
-    import os
-
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
 
 
-def _check_options(options, method: str) -> None:
-    """Every retriever option must be read by a retriever of this method (a typo is never silently ignored)."""
-    flags = {"datastore": "--datastore", "adjacency_file": "--adjacency-file"}
-    unread = options.unread()
-    if unread:
-        key = unread[0]
-        what = flags.get(key, f"--retriever-opt {key}={options.peek(key)}")
-        read = ", ".join(sorted(options.read)) or "none"
-        raise GraftError(f"{what}: no retriever of --method {method} reads it (the options they read: {read})")
-
-
-def _run_jsonl(session: "_Session", lines: list[str], raw: bool, stats: bool) -> None:
+def _run_jsonl(generator: Generator, lines: list[str], settings: dict, stats: bool) -> None:
     """One output line per input line; a bad line gets an error record ``{"id", "line", "error"}`` on stdout (and
     a line on stderr) and the others still run. Any bad line makes the exit code 2 at the end."""
     failed = 0
@@ -135,79 +132,19 @@ def _run_jsonl(session: "_Session", lines: list[str], raw: bool, stats: bool) ->
         record = None
         try:
             record = _parse_json(line)
-            prompt = _prompt_of(record)
-            run = session.run(prompt, stream=False, raw=raw)
+            completion = generator.generate(_prompt_of(record), **settings)
         except GraftError as e:
             failed += 1
             rid = record.get("id") if isinstance(record, dict) else None
             print(json.dumps({"id": rid, "line": number, "error": str(e)}, ensure_ascii=False), flush=True)
             print(f"graft: error: line {number}: {e}", file=sys.stderr)
             continue
-        out = {"id": record.get("id"), "text": session.last_text, "stats": run.as_dict()}
+        out = {"id": record.get("id"), "text": completion.text, "stats": completion.stats.as_dict()}
         print(json.dumps(out, ensure_ascii=False), flush=True)
         if stats:
-            print(f"graft: {record.get('id')}: {run.summary()}", file=sys.stderr)
+            print(f"graft: {record.get('id')}: {completion.stats.summary()}", file=sys.stderr)
     if failed:
         raise GraftError(f"{failed} of the input lines failed (their error records are on stdout)")
-
-
-class _Session:
-    """One loaded model and method, reused across prompts (so retrievers and calibration stay warm)."""
-
-    def __init__(self, loaded, config, sampling, max_new_tokens: int, seed: int | None, prefill_chunk: int) -> None:
-        from graft_cli import methods
-        from graft_cli.method_config import tree_reach
-        from graft_cli.runtime.loading import stop_ids
-        from graft_cli.prefill_bar import PrefillBar
-        from graft_cli.runtime.target import Target
-
-        self.loaded, self.sampling, self.max_new_tokens = loaded, sampling, max_new_tokens
-        self.limits, self.depth, self.truncate = loaded.limits, tree_reach(config, loaded.device), None
-        self.seed = seed if seed is not None else random.randrange(2**31)
-        self.target = Target(loaded.model, prefill_chunk, PrefillBar())
-        self.proposer = methods.build(config, loaded)
-        self.stop = stop_ids(loaded)
-        self.raw = False
-        self.last_text = ""
-
-    def run(self, prompt, stream: bool, raw: bool | None = None):
-        from graft_cli.runtime.engine import decode
-        from graft_cli.runtime.loading import encode
-        from graft_cli.core import Stats
-
-        ids = encode(self.loaded.tokenizer, prompt, self.raw if raw is None else raw)
-        ids = self.limits.fit(ids, self.max_new_tokens, self.depth, self.truncate)  # before any forward
-        stats = Stats()
-        text = _Detokenizer(self.loaded.tokenizer, self.stop)
-        steps = decode(self.target, self.proposer, ids, self.sampling, self.max_new_tokens, self.stop, self.seed, stats)
-        for piece in text.feed(steps):
-            if stream:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-        if stream:
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-        self.last_text = text.text
-        return stats
-
-
-class _Detokenizer:
-    """Turns token steps into text pieces, holding back a piece while it ends inside a UTF-8 character."""
-
-    def __init__(self, tokenizer, stop: set[int]) -> None:
-        self.tokenizer, self.stop = tokenizer, stop
-        self.ids: list[int] = []
-        self.text = ""
-
-    def feed(self, steps: Iterator[list[int]]) -> Iterator[str]:
-        for new in steps:
-            self.ids.extend(t for t in new if t not in self.stop)
-            full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-            if full.endswith("\ufffd"):
-                continue
-            piece, self.text = full[len(self.text) :], full
-            if piece:
-                yield piece
 
 
 def _read_text(source: str) -> str:

@@ -34,7 +34,6 @@ from pathlib import Path
 from graft_cli import discovery
 from graft_cli.core.defaults import MAX_LEVELS
 from graft_cli.core import defaults_for, DEFAULT_SCHEDULE, DraftSettings, GraftError, Options, PruneSchedule
-from graft_cli.runtime.half_linear import half_available
 
 STORE_RETRIEVER = "suffix-array"  # joins graft's defaults when a --datastore is given
 RETRIEVERS = {  # method -> the retrievers it uses by default
@@ -52,6 +51,10 @@ TAKES_DRAFT = ("dense", "pruned", "graft")
 DRAFT_WEIGHTS = ("fp16", "full")
 MIN_WINDOW = 64  # a draft window this short would leave the draft almost nothing to read
 CURVES = ("cpu", "cuda")
+# what vLLM users call a method, where graft's means the same: name -> (graft's method, the drafter kind it implies)
+ALIASES = {"ngram": ("pld", None), "eagle3": ("dense", "eagle3"), "draft_model": ("dense", "model")}
+ALIAS_HELP = ", ".join(f"{name} ({method}{' with --draft ' + kind + ':...' if kind else ''})"
+                       for name, (method, kind) in ALIASES.items())
 DEFAULT_KIND = "model"  # a --draft with no known kind in front
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.+-]+")  # what a kind looks like: no '/', no drive letter
 
@@ -70,6 +73,10 @@ class MethodConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.options, Options):  # a plain dict from a caller: the same keys, reads now counted
             self.options = Options(self.options)
+        if self.method in ALIASES:  # a vLLM name: graft's method, and the drafter kind the name implies
+            self.method, kind = ALIASES[self.method]
+            if kind and self.draft and ":" not in self.draft.split("/")[0]:
+                self.draft = f"{kind}:{self.draft}"
 
 
 def parse_budget(value: str | int | None) -> int | str | None:
@@ -168,6 +175,8 @@ def drafting_for(config: MethodConfig, device: str) -> tuple[DraftSettings, Prun
 def draft_weights_for(device: str) -> str:
     """The device's default draft weights, where this torch can run them: FBGEMM's fp16 kernel halves the bytes a
     CPU draft forward reads; a GPU's draft already runs in the model's bf16/fp16."""
+    from graft_cli.runtime.half_linear import half_available  # lazy: torch only once a drafter is set up
+
     weights = defaults_for(device).draft_weights
     return weights if weights != "fp16" or half_available() else "full"
 

@@ -33,7 +33,7 @@ def run_main(argv, capsys, stdin=None, monkeypatch=None):
         (["generate", "--prompt", "hi", "--model", "no-such-model"], None, "unknown model 'no-such-model'"),
         (["generate", "--prompt", "hi", "--temperature", "-1"], None, "--temperature"),
         (["generate", "--prompt", "hi", "--device", "cuda"], None, "CUDA"),
-        (["generate", "--prompt", "hi", "--prompt-file", "x"], None, "not both"),
+        (["generate", "--prompt", "hi", "--prompt-file", "x"], None, "give the prompt once"),
         (["generate", "--prompt", "hi", "--tree", "deep"], None, "--tree must be 'cost' or 'fixed'"),
         (["generate", "--prompt", "hi", "--tree", "cost"], None, "--tree cost chooses a drafter's tree"),
     ],

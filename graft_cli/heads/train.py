@@ -21,12 +21,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from graft_cli.heads.head import HeadConfig, layer_indices
+from graft_cli.heads.layouts import HeadConfig, layer_indices
 from graft_cli.core import GraftError
 from graft_cli.heads import checkpoint as ckpt
 from graft_cli.heads.data import Batch, Documents, Packer, draft_vocabulary, read_documents, split
 from graft_cli.heads.model import TrainableHead, context_mask, shift, step_inputs
+from graft_cli.heads.regenerate import Regenerator
 from graft_cli.heads.teacher import Lesson, teach
+from graft_cli.runtime.cpu_linear import use_cpu_linears
+from graft_cli.runtime.loading import load_model
 
 
 @dataclass
@@ -273,12 +276,8 @@ def device_name(device: str) -> str:
 def _teacher(s: Settings) -> Any:
     """The target, loaded frozen: on a CPU its linears on packed oneDNN kernels (15% faster here), packed whatever
     the free memory, so that a resumed run computes the same bits."""
-    from graft_cli.runtime.loading import load_model
-
     loaded = load_model(s.model, s.device, fast_cpu=False)
     if loaded.device == "cpu":
-        from graft_cli.runtime.cpu_linear import use_cpu_linears
-
         use_cpu_linears(loaded.model, pack=True)
     for p in loaded.model.parameters():
         p.requires_grad_(False)
@@ -289,8 +288,6 @@ def _documents(s: Settings, target: torch.nn.Module, tokenizer: Any, run: Path) 
     """The run's documents and their summary line; with ``--regenerate``, replies are the target's own."""
     regenerator = None
     if s.regenerate:
-        from graft_cli.heads.regenerate import Regenerator
-
         regenerator = Regenerator(target, tokenizer, run / "regenerated.jsonl", s.regenerate_tokens)
     docs, summary = read_documents(s.data, tokenizer, s.fields or None, s.max_documents,
                                    regenerator.answer if regenerator else None)

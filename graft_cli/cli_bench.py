@@ -15,6 +15,7 @@ from graft_cli.cli_options import (
 from graft_cli.core import GraftError
 
 if TYPE_CHECKING:
+    from graft_cli.bench.options import Shard
     from graft_cli.bench.plan import Variant
 
 
@@ -47,7 +48,8 @@ def bench(
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write the PNG plots."),
 ) -> None:
     """Benchmark every method side by side: speedup and tau per category, lossless check, Spec-Bench answer files."""
-    from graft_cli.bench.command import BenchOptions, run_bench
+    from graft_cli.bench.command import run_bench
+    from graft_cli.bench.options import BenchOptions
     from graft_cli.method_config import parse_budget
     from graft_cli.runtime.limits import parse_truncate
     from graft_cli.runtime.loading import parse_device_map
@@ -94,6 +96,7 @@ def bench(
 
 
 def _pairs(pairs: list[str], flag: str) -> dict[str, str]:
+    """``FIELD=VALUE`` words as a dict, dashes in a field read as underscores (``draft-top-k``)."""
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -114,20 +117,24 @@ def _variant(text: str) -> tuple[str, Variant]:
     return name.strip(), Variant(method.strip(), _pairs(fields, f"--variant {name.strip()}"))
 
 
-def _shard(text: str | None) -> tuple[int, int] | None:
+def _shard(text: str | None) -> Shard | None:
+    """``--shard K/N``; a one-line error for anything but 0 <= K < N."""
+    from graft_cli.bench.options import Shard
+
     if text is None:
         return None
     k, sep, n = text.partition("/")
     try:
-        shard = int(k), int(n)
+        shard = Shard(int(k), int(n))
     except ValueError:
         shard = None
-    if not sep or shard is None or not 0 <= shard[0] < shard[1]:
+    if not sep or shard is None or not 0 <= shard.k < shard.n:
         raise GraftError(f"--shard expects K/N with 0 <= K < N, e.g. 0/2, got '{text}'")
     return shard
 
 
 def _split(text: str | None) -> list[str]:
+    """A comma-separated option as its non-empty parts."""
     return [p.strip() for p in (text or "").split(",") if p.strip()]
 
 

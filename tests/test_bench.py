@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -11,10 +13,13 @@ from graft_cli import plots
 
 from graft_cli.runtime import lossless
 from graft_cli.bench.datasets import REPO_ROOT, Question, categories_of, load_questions, parse_questions, resolve_dataset
-from graft_cli.bench.execution import Conversation, execute, interleave, read_runs, run_question
+from graft_cli.bench.answers import write_answers
+from graft_cli.bench.execution import Conversation, execute, interleave, run_question
 from graft_cli.bench.plan import MethodSpec, Variant, method_config, plan_methods
-from graft_cli.bench.results import summarize, table, write_answers
+from graft_cli.bench.results import summarize
 from graft_cli.bench.runners import Turn
+from graft_cli.bench.runs import read_runs
+from graft_cli.bench.tables import table
 from graft_cli.core import GraftError
 
 SPEC_BENCH_LINES = [
@@ -96,8 +101,9 @@ class FakeRunner:
         tokens = [(sum(ids) + i) % 50 + 1 for i in range(max_new_tokens)]
         if self.wrong_on is not None and ids[0] == self.wrong_on:
             tokens[2] += 1
-        return Turn(tokens, max_new_tokens / self.speed + (self.first or 0.0), [2] * (max_new_tokens // 2),
-                    max_new_tokens // 2, {"prompt": 4}, {"prompt": 2, "bonus": 2}, {"verify": 0.5}, 10.0,
+        return Turn(tokens=tokens, wall=max_new_tokens / self.speed + (self.first or 0.0),
+                    accept_lengths=[2] * (max_new_tokens // 2), steps=max_new_tokens // 2, proposed={"prompt": 4},
+                    accepted={"prompt": 2, "bonus": 2}, time_s={"verify": 0.5}, peak_mem_mb=10.0,
                     margins=self.margins, first_token_s=self.first, first_tokens=0)
 
 
@@ -212,7 +218,7 @@ class BrokenRunner(FakeRunner):
 def test_a_failing_method_is_dropped_and_the_others_go_on(tmp_path):
     failed, log = {}, []
     runners = [FakeRunner("ar", log=log), BrokenRunner("broken", log=log)]
-    records = execute(QUESTIONS, runners, FakeConv(), 3, tmp_path / "runs.jsonl", failed=failed)
+    records = execute(QUESTIONS, runners, FakeConv(), 3, runs_path=tmp_path / "runs.jsonl", failed=failed)
     assert list(failed) == ["broken"] and "question 2: RuntimeError: boom" in failed["broken"]
     assert log.count("broken") == 2 and log.count("ar") == 4  # two turns of question 1, then question 2 fails
     assert {r["method"] for r in records} == {"ar"} and len(records) == 3
@@ -289,14 +295,15 @@ def test_summary_groups_mt_bench_like_spec_bench():
 def test_runs_are_appended_and_resumed(tmp_path):
     runs = tmp_path / "runs.jsonl"
     fingerprints = {"ar": "f1", "x": "f2"}
-    first = execute(QUESTIONS[:2], [FakeRunner("ar"), FakeRunner("x")], FakeConv(), 3, runs, {}, fingerprints)
+    first = execute(QUESTIONS[:2], [FakeRunner("ar"), FakeRunner("x")], FakeConv(), 3, runs_path=runs, done={},
+                    fingerprints=fingerprints)
     assert len(runs.read_text().splitlines()) == 4
     runs.write_text(runs.read_text() + '{"cut short')  # an interrupted write
     done = read_runs(runs, fingerprints)
     assert len(done) == 4
     log = []
-    records = execute(QUESTIONS, [FakeRunner("ar", log=log), FakeRunner("x", log=log)], FakeConv(), 3, runs,
-                            done, fingerprints)
+    records = execute(QUESTIONS, [FakeRunner("ar", log=log), FakeRunner("x", log=log)], FakeConv(), 3, runs_path=runs,
+                      done=done, fingerprints=fingerprints)
     assert log == ["ar", "x"] and len(records) == 6  # only question 3 ran
     assert len(read_runs(runs, fingerprints)) == 6
     assert read_runs(runs, {"ar": "f1", "x": "changed"}).keys() == {(json.dumps(q), "ar", 0) for q in (1, 2, 3)}
@@ -339,7 +346,8 @@ def test_outputs_answer_files_and_plots(tmp_path):
                "summary": summarize(records, names, ["a", "b"])}
     assert results["summary"]["overall"]["pld@auto"]["budget_mean"] == 6.5
     lines, refs = plots.pareto_points(results)
-    assert [p[0] for p in lines["pld"]] == [4.0, 6.5, 8.0] and set(refs) == {"ar", "hf"}
+    assert [p.budget for p in lines["pld"]] == [4.0, 6.5, 8.0] and set(refs) == {"ar", "hf"}
+    assert [p.auto for p in lines["pld"]] == [False, True, False]
     for path in plots.write_all(tmp_path, results):
         assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
     paths = write_answers(tmp_path, records, names, QUESTIONS, "m")
@@ -349,6 +357,23 @@ def test_outputs_answer_files_and_plots(tmp_path):
     choice = line["choices"][0]
     assert len(choice["turns"]) == len(choice["new_tokens"]) == len(choice["wall_time"]) == 2
     assert sum(choice["accept_lengths"]) == sum(choice["new_tokens"])
+
+
+def test_plots_leave_matplotlib_as_they_found_it(tmp_path):
+    """Importing graft_cli.plots and drawing with it sets no backend and loads no pyplot: a program that imports
+    graft keeps its own matplotlib setup."""
+    code = f"""
+import sys, matplotlib
+backend = matplotlib.rcParams._get("backend")
+from graft_cli import plots
+figs = {{"speedup": 1.0, "tau": 1.0}}
+plots.speedup_by_category({{"summary": {{"overall": {{"ar": figs}}}}, "config": {{"methods": [{{"name": "ar"}}],
+    "model": {{"spec": "m"}}, "dataset": {{"spec": "d"}}, "max_new_tokens": 4, "device": {{"device": "cpu"}}}}}},
+    __import__("pathlib").Path({str(tmp_path)!r}) / "s.png")
+print(matplotlib.rcParams._get("backend") == backend, "matplotlib.pyplot" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT)
+    assert out.stdout.split() == ["True", "False"] and (tmp_path / "s.png").stat().st_size > 1000
 
 
 def test_table_renders_every_category_and_method():

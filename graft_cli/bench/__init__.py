@@ -9,7 +9,12 @@ Fairness: one process, each model loaded once, a warm-up per method, and the met
 question (the order rotates from one question to the next) so that machine drift hits all of them alike.
 Each finished (question, method) is appended to ``runs.jsonl`` at once, so an interrupted run can resume.
 
-The package, one module a concept: ``datasets`` (questions), ``plan`` (methods, budgets, variants),
-``runners`` (the engine and transformers peers, memory), ``execution`` (interleaving, resume, shards),
-``results`` (figures, table, answer files, results.json) and ``command`` (the whole run).
+The package, one module a concept: ``options`` (what the command line asked), ``datasets`` (questions),
+``plan`` (methods, budgets, variants), ``workload`` (the questions and columns of a run, the options checked),
+``runners`` (the engine and transformers peers, memory), ``models`` (loading them once, the columns' runners,
+the prompts' fit), ``provenance`` (checksums, commit, versions), ``fingerprints`` (what a resumed run compares),
+``runs`` (the runs files: keys, reading, resuming), ``execution`` (interleaving, passes, failures), ``prepare``
+(everything before the first forward), ``progress`` (the question phase on screen), ``results`` (figures and
+results.json), ``tables`` (the terminal's view), ``answers`` (Spec-Bench answer files), ``report`` (the outputs
+and the exit code) and ``command`` (the whole run, phase by phase).
 """

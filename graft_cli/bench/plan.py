@@ -1,14 +1,12 @@
 """The benchmark's columns: which methods run, at which budgets, with which settings (``--variant``,
-``--method-opt``), and the fingerprint that tells a resumed run whether a recorded method is still the same."""
+``--method-opt``)."""
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from graft_cli.core import DraftSettings, GraftError
 from graft_cli.method_config import TAKES_DRAFT, MethodConfig
@@ -70,15 +68,23 @@ def plan_methods(names: Sequence[str], engine_methods: Sequence[str], budgets: S
     return specs
 
 
-def expand_methods(names: Sequence[str], engine_methods: Sequence[str], draft: str | None) -> tuple[list[str], bool]:
-    """``all`` means every engine method and every peer that can run; returns (names, explicit)."""
+class AskedMethods(NamedTuple):
+    """``--methods`` read: the names, and whether the user named them (a method that cannot be built here then
+    fails the run) or asked for ``all`` (it is left out with a warning)."""
+
+    names: list[str]
+    explicit: bool
+
+
+def expand_methods(names: Sequence[str], engine_methods: Sequence[str], draft: str | None) -> AskedMethods:
+    """``all`` means every engine method and every peer that can run."""
     if list(names) == ["all"]:
         peers = [p for p in PEERS if p != "hf-assisted" or draft]
-        return [*engine_methods, *peers], False
-    return list(names), True
+        return AskedMethods([*engine_methods, *peers], explicit=False)
+    return AskedMethods(list(names), explicit=True)
 
 
-def method_config(spec: MethodSpec, options: dict, draft: str | None, method_opts: dict | None = None):
+def method_config(spec: MethodSpec, options: dict, draft: str | None, method_opts: dict | None = None) -> MethodConfig:
     """The MethodConfig of an engine method: its budget, the retriever options, ``--draft`` where the method takes
     one, and any other MethodConfig field given as text (``--method-opt depth=4``, then the variant's own),
     converted to the field's type."""
@@ -102,7 +108,8 @@ def method_config(spec: MethodSpec, options: dict, draft: str | None, method_opt
     return config
 
 
-def _convert(text: str, hint, key: str):
+def _convert(text: str, hint: Any, key: str) -> Any:
+    """``--method-opt`` text as the field's type: the first of the hint's types that reads it."""
     kinds = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
     if text.lower() in ("none", "") and type(None) in typing.get_args(hint):
         return None
@@ -131,6 +138,3 @@ def uses_draft(spec: MethodSpec) -> bool:
         return spec.method == "hf-assisted"
     return spec.method in TAKES_DRAFT
 
-
-def fingerprint(parts: dict) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -7,12 +7,21 @@ import sys
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
-from graft_cli.bench.plan import method_config
-from graft_cli.core import device_kind, GraftError
+import torch
+
+from graft_cli import methods
+from graft_cli.bench.options import BenchOptions
+from graft_cli.bench.plan import MethodSpec
+from graft_cli.core import GraftError, Proposer, Stats, device_kind
+from graft_cli.method_config import MethodConfig
+from graft_cli.runtime import loading
 from graft_cli.runtime.attention_kernels import GroupedQueryAttention
+from graft_cli.runtime.engine import decode
 from graft_cli.runtime.lossless import MarginTarget
+from graft_cli.runtime.sampling import Sampling
+from graft_cli.runtime.target import Target
 
 HF_PLD_TOKENS = 10
 
@@ -58,8 +67,6 @@ class MemoryPeak:
 
     def __enter__(self) -> MemoryPeak:
         if self.cuda:
-            import torch
-
             torch.cuda.reset_peak_memory_stats()
         else:
             try:
@@ -69,10 +76,8 @@ class MemoryPeak:
                 pass
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.cuda:
-            import torch
-
             self.peak = torch.cuda.max_memory_allocated() / 2**20
             return
         try:
@@ -84,7 +89,7 @@ class MemoryPeak:
         except OSError:
             pass
         try:
-            import resource
+            import resource  # lazy: a POSIX module (absent on Windows, where the ImportError below answers None)
 
             self.peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 2**20)
         except (ImportError, OSError):
@@ -92,9 +97,8 @@ class MemoryPeak:
 
 
 def _sync(device: str) -> None:
+    """Wait for the GPU's queued work: a wall time read before it would stop short of the last forward."""
     if device.startswith("cuda"):
-        import torch
-
         torch.cuda.synchronize()
 
 
@@ -102,31 +106,37 @@ class EngineRunner:
     """An engine method: ``decode`` with the method's proposer, reused across prompts (its retrievers and
     calibration stay warm, as in a ``graft generate --jsonl`` session)."""
 
-    def __init__(self, name: str, target, build: Callable[[], Any], stop: set[int], device: str) -> None:
+    def __init__(self, name: str, target: Target, build: Callable[[], Proposer], stop: set[int], device: str) -> None:
         self.name, self.target, self.build, self.stop, self.device = name, target, build, stop, device
         self.proposer = build()
 
     def run(self, ids: list[int], max_new_tokens: int) -> Turn:
-        from graft_cli.runtime.engine import decode
-        from graft_cli.runtime.sampling import Sampling
-        from graft_cli.core import Stats
-
         stats = Stats()
         tokens: list[int] = []
+        first_token_s, first_tokens = None, 0
         with MemoryPeak(self.device) as mem:
             t0 = perf_counter()
             for step in decode(self.target, self.proposer, ids, Sampling(), max_new_tokens, self.stop, None, stats):
                 if not tokens:
-                    first = perf_counter() - t0, len(step)
+                    first_token_s, first_tokens = perf_counter() - t0, len(step)
                 tokens += step
             _sync(self.device)
             wall = perf_counter() - t0
         budgets = stats.budgets
         return Turn(
-            tokens, wall, list(stats.accept_lengths), stats.steps, dict(stats.proposed), dict(stats.accepted),
-            {k: round(v, 4) for k, v in stats.times.items()}, mem.peak,
-            round(sum(budgets) / len(budgets), 2) if budgets else None, stats.draft_forwards,
-            self.target.margins() if isinstance(self.target, MarginTarget) else None, *(first if tokens else (None, 0)),
+            tokens=tokens,
+            wall=wall,
+            accept_lengths=list(stats.accept_lengths),
+            steps=stats.steps,
+            proposed=dict(stats.proposed),
+            accepted=dict(stats.accepted),
+            time_s={k: round(v, 4) for k, v in stats.times.items()},
+            peak_mem_mb=mem.peak,
+            budget_mean=round(sum(budgets) / len(budgets), 2) if budgets else None,
+            draft_forwards=stats.draft_forwards,
+            margins=self.target.margins() if isinstance(self.target, MarginTarget) else None,
+            first_token_s=first_token_s,
+            first_tokens=first_tokens,
         )
 
     def reset(self) -> None:
@@ -146,7 +156,7 @@ class _StepCounter:
         self.prompt_seen = False
         self.first_at: float | None = None  # perf_counter() when the first new tokens came
 
-    def put(self, value) -> None:
+    def put(self, value: torch.Tensor) -> None:
         if not self.prompt_seen:
             self.prompt_seen = True
             return
@@ -161,15 +171,13 @@ class _StepCounter:
 class PeerRunner:
     """``model.generate(do_sample=False)`` with extra arguments: prompt lookup or an assistant model."""
 
-    def __init__(self, name: str, model, stop: set[int], device: str, **kwargs) -> None:
+    def __init__(self, name: str, model: Any, stop: set[int], device: str, **kwargs: Any) -> None:
         self.name, self.model, self.stop, self.device, self.kwargs = name, model, stop, device, kwargs
         self.pad = sorted(stop)[0] if stop else 0
         assistant = kwargs.get("assistant_model")
         self._lookahead = assistant.generation_config.num_assistant_tokens if assistant is not None else None
 
     def run(self, ids: list[int], max_new_tokens: int) -> Turn:
-        import torch
-
         x = torch.tensor([ids], device=self.device)
         streamer = _StepCounter()
         # on a CPU under graft's own attention setting (attention_kernels.py), so that no side reads a copy of
@@ -202,9 +210,10 @@ class PeerRunner:
         # streams it as a step of its own, so drop it there for a comparable tau
         if not self.kwargs and lengths:
             lengths = lengths[1:]
-        first = (streamer.first_at - t0, streamer.lengths[0]) if streamer.first_at is not None else (None, 0)
-        return Turn(tokens, wall, lengths, len(lengths), peak_mem_mb=mem.peak, first_token_s=first[0],
-                    first_tokens=first[1])
+        started = streamer.first_at is not None
+        return Turn(tokens=tokens, wall=wall, accept_lengths=lengths, steps=len(lengths), peak_mem_mb=mem.peak,
+                    first_token_s=streamer.first_at - t0 if started else None,
+                    first_tokens=streamer.lengths[0] if started else 0)
 
     def reset(self) -> None:
         """Assisted generation's heuristic schedule carries the assistant's lookahead from one generate() to the
@@ -216,42 +225,66 @@ class PeerRunner:
         """generate() keeps nothing else across runs."""
 
 
-def build_runners(specs, loaded, draft_loaded, options, explicit: bool, warn: Callable[[str], None],
-                  method_opts: dict | None = None, draft_spec: str | None = None):
-    """A runner per method spec; with ``all``, engine methods that cannot be built here (a datastore or a draft
-    model missing) are left out with a warning instead of failing the run."""
-    from graft_cli import methods
-    from graft_cli.runtime.loading import stop_ids
-    from graft_cli.runtime.target import Target
+@dataclass
+class Columns:
+    """The benchmark's columns that run here, in order: each method spec with its runner."""
 
-    stop = stop_ids(loaded)
-    device = loaded.device
+    specs: list[MethodSpec]
+    runners: list[Runner]
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.specs]
+
+
+def build_runners(specs: Sequence[MethodSpec], loaded: loading.Loaded, draft_loaded: loading.Loaded | None,
+                  opts: BenchOptions, explicit: bool, warn: Callable[[str], None]) -> Columns:
+    """A runner per method spec; with ``all`` (not ``explicit``), engine methods that cannot be built here (a
+    datastore or a draft model missing) are left out with a warning instead of failing the run."""
+    stop = loading.stop_ids(loaded)
     target = Target(loaded.model)
-    runners, kept = [], []
+    columns = Columns([], [])
     for spec in specs:
         if spec.kind == "peer":
-            kwargs: dict = {}
-            if spec.method == "hf-pld":
-                kwargs["prompt_lookup_num_tokens"] = HF_PLD_TOKENS
-            elif spec.method == "hf-assisted":
-                if draft_loaded is None:
-                    raise GraftError("hf-assisted needs a draft model: give --draft MODEL")
-                kwargs["assistant_model"] = draft_loaded.model
-            runners.append(PeerRunner(spec.name, loaded.model, stop, device, **kwargs))
+            runner: Runner = _peer_runner(spec, loaded, draft_loaded, stop)
         else:
-            config = method_config(spec, options, draft_spec, method_opts)  # --draft as given: KIND:SPEC
-            # plain decoding records its margins: what tells a floating-point tie from a real difference
-            runner_target = MarginTarget(loaded.model) if spec.method == "ar" else target
+            config = opts.method_config(spec)  # outside the try: a bad --method-opt fails the run, even with all
             try:
-                runner = EngineRunner(spec.name, runner_target, lambda c=config: methods.build(c, loaded), stop, device)
+                runner = _engine_runner(spec, config, loaded, target, stop)
             except GraftError as e:
                 if explicit or spec.method == "ar":
                     raise GraftError(f"method {spec.name}: {e}") from e
                 warn(f"skipping {spec.name}: {e}")
                 continue
-            runners.append(runner)
-        kept.append(spec)
-    return runners, kept
+        columns.specs.append(spec)
+        columns.runners.append(runner)
+    return columns
+
+
+def _peer_runner(spec: MethodSpec, loaded: loading.Loaded, draft_loaded: loading.Loaded | None,
+                 stop: set[int]) -> PeerRunner:
+    """transformers' own speculative decoding as a column: prompt lookup, an assistant model, or neither."""
+    kwargs: dict = {}
+    if spec.method == "hf-pld":
+        kwargs["prompt_lookup_num_tokens"] = HF_PLD_TOKENS
+    elif spec.method == "hf-assisted":
+        if draft_loaded is None:
+            raise GraftError("hf-assisted needs a draft model: give --draft MODEL")
+        kwargs["assistant_model"] = draft_loaded.model
+    return PeerRunner(spec.name, loaded.model, stop, loaded.device, **kwargs)
+
+
+def _engine_runner(spec: MethodSpec, config: MethodConfig, loaded: loading.Loaded, target: Target,
+                   stop: set[int]) -> EngineRunner:
+    """An engine method as a column, its proposer built now (a GraftError when it cannot be built here)."""
+    # plain decoding records its margins: what tells a floating-point tie from a real difference
+    runner_target = MarginTarget(loaded.model) if spec.method == "ar" else target
+    return EngineRunner(spec.name, runner_target, lambda: methods.build(config, loaded), stop, loaded.device)
+
+
+def weights_dtype(loaded: loading.Loaded) -> str:
+    """A loaded model's weights' dtype as ``--dtype`` names it, e.g. float32."""
+    return str(next(loaded.model.parameters()).dtype).replace("torch.", "")
 
 
 class shared_models:
@@ -260,24 +293,23 @@ class shared_models:
     model is loaded once however many methods and budgets run. (Drafters do not modify the model: they keep
     their own caches.)"""
 
-    def __init__(self, *loaded) -> None:
-        self.cache = {}
+    def __init__(self, *loaded: loading.Loaded | None) -> None:
+        self.cache: dict[tuple[str, str, str], loading.Loaded] = {}
         for item in loaded:
             if item is not None:
                 self.add(item)
 
-    def add(self, item) -> None:
-        dtype = str(next(item.model.parameters()).dtype).replace("torch.", "")
+    def add(self, item: loading.Loaded) -> None:
+        dtype = weights_dtype(item)
         for device in (item.device, item.device.split(":")[0], "auto"):
             for d in (dtype, "auto"):
                 self.cache.setdefault((str(item.spec), device, d), item)
 
     def __enter__(self) -> shared_models:
-        from graft_cli.runtime import loading
-
         self.original = loading.load_model
 
-        def load_model(spec, device="auto", dtype="auto", device_map=None):
+        def load_model(spec: str, device: str = "auto", dtype: str = "auto",
+                       device_map: str | dict | None = None) -> loading.Loaded:
             if device_map is not None:  # a sharded model is the bench's own target, loaded once
                 return self.original(spec, device, dtype, device_map)
             key = (str(spec), str(device), str(dtype))
@@ -290,7 +322,5 @@ class shared_models:
         loading.load_model = load_model
         return self
 
-    def __exit__(self, *exc) -> None:
-        from graft_cli.runtime import loading
-
+    def __exit__(self, *exc: object) -> None:
         loading.load_model = self.original

@@ -13,17 +13,16 @@ import typer
 
 from graft_cli.catalog.entries import DEFAULT_MODEL
 from graft_cli.cli_options import (
-    DEVICE, Budget, Datastore, Device, DeviceMap, Draft, Dtype, MaxNewTokens, Model, RetrieverOpt, Truncate,
-    retriever_options,
+    AdjacencyFile, Budget, Chain, Datastore, Depth, Device, DeviceMap, Draft, DraftTopK, DraftVocab, DraftWeights,
+    DraftWindow, Dtype, MaxNewTokens, Method, Model, PrefillChunk, PruneAt, RetrieverOpt, Retrievers, RopeTheta,
+    TreeShape, Truncate, draft_settings, retriever_options,
 )
-from graft_cli.core import DEFAULT_SCHEDULE, DraftSettings, GraftError
-from graft_cli.core.defaults import MAX_LEVELS, both
-from graft_cli.method_config import ALIAS_HELP
+from graft_cli.core import GraftError
 
 if TYPE_CHECKING:
     from graft_cli.api import Generator
 
-SPECULATION, SAMPLING, OUTPUT = "Speculation", "Sampling", "Output"
+SAMPLING, OUTPUT = "Sampling", "Output"
 
 
 def generate(
@@ -32,20 +31,20 @@ def generate(
     prompt_file: Optional[str] = typer.Option(None, "--prompt-file", "-f", help="Read the prompt from FILE ('-' = stdin)."),
     jsonl: bool = typer.Option(False, "--jsonl", help="Input is JSONL: {id, prompt} or {id, messages} per line; output is JSONL."),
     model: Model = DEFAULT_MODEL,
-    method: str = typer.Option("graft", "--method", rich_help_panel=SPECULATION, help=f"graft, dense, pruned, rest, recycling, pld or ar; vLLM's names work too: {ALIAS_HELP} (docs/architecture.md)."),
+    method: Method = "graft",
     draft: Draft = None,
     budget: Budget = None,
-    tree: Optional[str] = typer.Option(None, "--tree", rich_help_panel=SPECULATION, help="How graft with a drafter shapes its tree: 'cost' (default: each step by expected tokens per second, docs/architecture.md) or 'fixed' (--depth levels and --prune-at checkpoints)."),
-    depth: Optional[int] = typer.Option(None, "--depth", min=1, rich_help_panel=SPECULATION, help=f"Draft tree levels at most (default: {both('depth')}; {MAX_LEVELS} with --tree cost)."),
-    draft_top_k: Optional[int] = typer.Option(None, "--draft-top-k", min=1, rich_help_panel=SPECULATION, help=f"Draft nodes expanded per level and children per node (default: {both('draft_top_k')})."),
-    prune_at: Optional[str] = typer.Option(None, "--prune-at", rich_help_panel=SPECULATION, help=f"Pruning checkpoints LEVEL:THRESHOLD[:SHARE],... (default {DEFAULT_SCHEDULE}; 'none': no pruning)."),
-    chain: bool = typer.Option(False, "--chain", rich_help_panel=SPECULATION, help="Draft a single chain; with graft: Graft(TAIL), retrieved tokens fill the tail."),
-    draft_vocab: Optional[int] = typer.Option(None, "--draft-vocab", min=0, rich_help_panel=SPECULATION, help="A draft model scores only N tokens: the most frequent by `graft models vocab` (else the lowest ids), the special ones and the prompt's (default: the ranked tokens covering 99.99% of the corpus on a CPU, all on a GPU or without a ranking; 0: all)."),
-    draft_window: Optional[int] = typer.Option(None, "--draft-window", rich_help_panel=SPECULATION, help=f"A draft model reads at most the first 4 and last N-4 prompt tokens (default: {both('draft_window')}; 0: the whole prompt). Retrieval reads all of it."),
-    draft_weights: Optional[str] = typer.Option(None, "--draft-weights", rich_help_panel=SPECULATION, help=f"A draft model's linear weights: 'fp16' (FBGEMM's fp16 kernel, fp32 arithmetic: a CPU draft forward then reads half the bytes) or 'full' (the model's dtype); default: {both('draft_weights')}. The target is never touched."),
-    rope_theta: Optional[float] = typer.Option(None, "--rope-theta", rich_help_panel=SPECULATION, help="RoPE base of an EAGLE-3 head (default: its config's, else 10000)."),
-    adjacency_file: Optional[str] = typer.Option(None, "--adjacency-file", rich_help_panel=SPECULATION, help="Keep the recycling adjacency table in FILE across runs (safetensors)."),
-    retrievers: Optional[str] = typer.Option(None, "--retrievers", rich_help_panel=SPECULATION, help="Comma-separated retriever plugins."),
+    tree: TreeShape = None,
+    depth: Depth = None,
+    draft_top_k: DraftTopK = None,
+    prune_at: PruneAt = None,
+    chain: Chain = False,
+    draft_vocab: DraftVocab = None,
+    draft_window: DraftWindow = None,
+    draft_weights: DraftWeights = None,
+    rope_theta: RopeTheta = None,
+    adjacency_file: AdjacencyFile = None,
+    retrievers: Retrievers = None,
     datastore: Datastore = None,
     retriever_opt: RetrieverOpt = [],
     system: Optional[str] = typer.Option(None, "--system", "-s", help="A system prompt, before the prompt in the chat template."),
@@ -61,7 +60,7 @@ def generate(
     device_map: DeviceMap = None,
     truncate: Truncate = None,
     stats: bool = typer.Option(False, "--stats", rich_help_panel=OUTPUT, help="Print decoding statistics to stderr."),
-    prefill_chunk: int = typer.Option(512, "--prefill-chunk", min=1, rich_help_panel=DEVICE, help="Prompt tokens per prefill forward (bounds the prefill's peak memory; a progress bar shows on a terminal when the prefill takes over 2 s)."),
+    prefill_chunk: PrefillChunk = 512,
 ) -> None:
     """Generate text from a prompt, losslessly faster."""
     from graft_cli.api import open_generator
@@ -79,14 +78,9 @@ def generate(
             raise GraftError("no prompt: give it as an argument, --prompt TEXT or --prompt-file FILE ('-' for stdin)")
         if not text.strip():
             raise GraftError("the prompt is empty")
-    options = retriever_options(retriever_opt, datastore)
-    if adjacency_file:
-        options["adjacency_file"] = adjacency_file
-    drafting = DraftSettings(depth=depth, draft_top_k=draft_top_k, prune_at=prune_at, chain=chain,
-                             rope_theta=rope_theta, draft_vocab=draft_vocab, draft_window=draft_window,
-                             draft_weights=draft_weights)
+    options = retriever_options(retriever_opt, datastore, adjacency_file)
     config = MethodConfig(method, parse_budget(budget), retrievers.split(",") if retrievers else None, options, draft,
-                          drafting, tree=tree)
+                          draft_settings(locals()), tree=tree)
     settings = dict(system=system, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                     seed=seed if seed is not None else random.randrange(2**31), stop=stop, raw=raw,
                     truncate=truncate)  # one seed for the whole run: a batch's lines sample as they would alone

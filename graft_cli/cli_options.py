@@ -8,9 +8,14 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from graft_cli.core.defaults import both
+from dataclasses import fields
+from typing import Any
+
+from graft_cli.core.defaults import MAX_LEVELS, both
+from graft_cli.core.env import DraftSettings, Options
 from graft_cli.core.errors import GraftError
-from graft_cli.core.env import Options
+from graft_cli.core.prune import DEFAULT_SCHEDULE
+from graft_cli.method_config import ALIAS_HELP
 
 MODEL, SPECULATION, DEVICE = "Model", "Speculation", "Device"
 
@@ -44,8 +49,27 @@ Truncate = Annotated[Optional[str], typer.Option(
     help="left or right: cut a prompt that would reach past the model's positions or attention window (default: "
          "refuse it).")]
 
+Method = Annotated[str, typer.Option("--method", rich_help_panel=SPECULATION, help=f"graft, dense, pruned, rest, recycling, pld or ar; vLLM's names work too: {ALIAS_HELP} (docs/architecture.md).")]
+TreeShape = Annotated[Optional[str], typer.Option("--tree", rich_help_panel=SPECULATION, help="How graft with a drafter shapes its tree: 'cost' (default: each step by expected tokens per second, docs/architecture.md) or 'fixed' (--depth levels and --prune-at checkpoints).")]
+Depth = Annotated[Optional[int], typer.Option("--depth", min=1, rich_help_panel=SPECULATION, help=f"Draft tree levels at most (default: {both('depth')}; {MAX_LEVELS} with --tree cost).")]
+DraftTopK = Annotated[Optional[int], typer.Option("--draft-top-k", min=1, rich_help_panel=SPECULATION, help=f"Draft nodes expanded per level and children per node (default: {both('draft_top_k')}).")]
+PruneAt = Annotated[Optional[str], typer.Option("--prune-at", rich_help_panel=SPECULATION, help=f"Pruning checkpoints LEVEL:THRESHOLD[:SHARE],... (default {DEFAULT_SCHEDULE}; 'none': no pruning).")]
+Chain = Annotated[bool, typer.Option("--chain", rich_help_panel=SPECULATION, help="Draft a single chain; with graft: Graft(TAIL), retrieved tokens fill the tail.")]
+DraftVocab = Annotated[Optional[int], typer.Option("--draft-vocab", min=0, rich_help_panel=SPECULATION, help="A draft model scores only N tokens: the most frequent by `graft models vocab` (else the lowest ids), the special ones and the prompt's (default: the ranked tokens covering 99.99% of the corpus on a CPU, all on a GPU or without a ranking; 0: all).")]
+DraftWindow = Annotated[Optional[int], typer.Option("--draft-window", rich_help_panel=SPECULATION, help=f"A draft model reads at most the first 4 and last N-4 prompt tokens (default: {both('draft_window')}; 0: the whole prompt). Retrieval reads all of it.")]
+DraftWeights = Annotated[Optional[str], typer.Option("--draft-weights", rich_help_panel=SPECULATION, help=f"A draft model's linear weights: 'fp16' (FBGEMM's fp16 kernel, fp32 arithmetic: a CPU draft forward then reads half the bytes) or 'full' (the model's dtype); default: {both('draft_weights')}. The target is never touched.")]
+RopeTheta = Annotated[Optional[float], typer.Option("--rope-theta", rich_help_panel=SPECULATION, help="RoPE base of an EAGLE-3 head (default: its config's, else 10000).")]
+AdjacencyFile = Annotated[Optional[str], typer.Option("--adjacency-file", rich_help_panel=SPECULATION, help="Keep the recycling adjacency table in FILE across runs (safetensors).")]
+Retrievers = Annotated[Optional[str], typer.Option("--retrievers", rich_help_panel=SPECULATION, help="Comma-separated retriever plugins.")]
+PrefillChunk = Annotated[int, typer.Option("--prefill-chunk", min=1, rich_help_panel=DEVICE, help="Prompt tokens per prefill forward (bounds the prefill's peak memory; a progress bar shows on a terminal when the prefill takes over 2 s).")]
 
-def retriever_options(pairs: list[str], datastore: str | None) -> Options:
+
+def draft_settings(params: dict[str, Any]) -> DraftSettings:
+    """The drafting settings from a command's parameters (named as the fields of DraftSettings)."""
+    return DraftSettings(**{f.name: params[f.name] for f in fields(DraftSettings)})
+
+
+def retriever_options(pairs: list[str], datastore: str | None, adjacency_file: str | None = None) -> Options:
     """``--retriever-opt KEY=VALUE`` pairs and ``--datastore`` as the options every retriever is built with."""
     options = Options()
     for pair in pairs:
@@ -55,4 +79,6 @@ def retriever_options(pairs: list[str], datastore: str | None) -> Options:
         options[key] = value
     if datastore:
         options["datastore"] = datastore
+    if adjacency_file:
+        options["adjacency_file"] = adjacency_file
     return options

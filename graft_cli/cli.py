@@ -20,6 +20,7 @@ from graft_cli.cli_heads import heads_app
 from graft_cli.cli_index import index_app
 from graft_cli.cli_models import models_app
 from graft_cli.cli_plugins import plugins_app
+from graft_cli.cli_serve import serve
 from graft_cli.core import GraftError
 from graft_cli.core.version import __version__
 from graft_cli.memory import reuse_freed_memory
@@ -33,6 +34,7 @@ app = typer.Typer(
 )
 app.command()(generate)
 app.command()(bench)
+app.command()(serve)
 app.add_typer(index_app, name="index", help="Build and manage on-disk token datastores.")
 app.add_typer(heads_app, name="heads", help="EAGLE-3 draft heads: train, list, evaluate, ship.")
 app.add_typer(models_app, name="models", help="The model catalog: list, pull, inspect and remove models.")

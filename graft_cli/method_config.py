@@ -127,6 +127,30 @@ def check(config: MethodConfig) -> None:
         raise GraftError("--tree cost chooses a drafter's tree: it needs --method graft and --draft")
 
 
+RESPONSE_CACHE = "responses"  # the retriever of earlier responses, on for long-running sessions
+CACHED_METHODS = ("graft", "pld")  # methods whose default retrievers it joins
+
+
+def with_response_cache(config: MethodConfig) -> MethodConfig:
+    """``config`` retrieving from earlier responses too, where that is the method's default to change: a session
+    that answers many requests (``graft serve``, a ``--jsonl`` batch) repeats itself. A user's own
+    ``--retrievers`` list stays as given."""
+    if config.retrievers is not None or config.method not in CACHED_METHODS:
+        return config
+    return replace(config, retrievers=[*retrievers_for(config), RESPONSE_CACHE])
+
+
+def retrievers_for(config: MethodConfig) -> list[str]:
+    """The retrievers a method uses: the user's list, else the method's own, with the datastore's for graft when
+    one is given."""
+    if config.retrievers is not None:
+        return list(config.retrievers)
+    names = list(RETRIEVERS[config.method])
+    if config.method == "graft" and config.options.peek("datastore"):
+        names.append(STORE_RETRIEVER)
+    return names
+
+
 def tree_mode(config: MethodConfig) -> str:
     """graft with a drafter builds its tree by cost unless told otherwise; every other method's is fixed."""
     if config.tree is not None:

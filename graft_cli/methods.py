@@ -11,7 +11,7 @@ from graft_cli.catalog import graft_home
 from graft_cli.core import defaults_for, Drafter, DrafterEnv, GraftError, Retriever, RetrieverEnv
 from graft_cli.drafting import AutoBudget, CostAwareProposer, GraftProposer, LatencyModel, Objective, cap, latency_model
 from graft_cli.method_config import (
-    RETRIEVERS, STORE_RETRIEVER, MethodConfig, budget_for, check, drafting_for, parse_draft, tree_mode,
+    MethodConfig, budget_for, check, drafting_for, parse_draft, retrievers_for, tree_mode,
 )
 from graft_cli.runtime.loading import Loaded
 
@@ -54,9 +54,7 @@ def build(config: MethodConfig, loaded: Loaded, latency: LatencyModel | None = N
     if config.method == "ar":
         return GraftProposer(0)
     drafter = make_drafter(config, loaded) if config.draft else None
-    names = config.retrievers if config.retrievers is not None else list(RETRIEVERS[config.method])
-    if config.retrievers is None and config.method == "graft" and config.options.peek("datastore"):
-        names.append(STORE_RETRIEVER)
+    names = retrievers_for(config)
     env = RetrieverEnv(vocab_size=loaded.model.config.vocab_size, device=loaded.device, tokenizer=loaded.tokenizer,
                        options=config.options)
     retrievers = make_retrievers(names, env)

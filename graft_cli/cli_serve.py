@@ -1,0 +1,68 @@
+"""``graft serve``: the model and method of ``graft generate``, behind an OpenAI-compatible HTTP server
+(graft_cli/server/, docs/serve.md). Logs go to stderr; it binds to 127.0.0.1 unless told otherwise."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+from graft_cli.catalog.entries import DEFAULT_MODEL
+from graft_cli.cli_options import (
+    AdjacencyFile, Budget, Chain, Datastore, Depth, Device, DeviceMap, Draft, DraftTopK, DraftVocab, DraftWeights,
+    DraftWindow, Dtype, MaxNewTokens, Method, Model, PrefillChunk, PruneAt, RetrieverOpt, Retrievers, RopeTheta,
+    TreeShape, Truncate, draft_settings, retriever_options,
+)
+
+SERVER = "Server"
+
+
+def serve(
+    model: Model = DEFAULT_MODEL,
+    method: Method = "graft",
+    draft: Draft = None,
+    budget: Budget = None,
+    tree: TreeShape = None,
+    depth: Depth = None,
+    draft_top_k: DraftTopK = None,
+    prune_at: PruneAt = None,
+    chain: Chain = False,
+    draft_vocab: DraftVocab = None,
+    draft_window: DraftWindow = None,
+    draft_weights: DraftWeights = None,
+    rope_theta: RopeTheta = None,
+    adjacency_file: AdjacencyFile = None,
+    retrievers: Retrievers = None,
+    datastore: Datastore = None,
+    retriever_opt: RetrieverOpt = [],
+    max_new_tokens: MaxNewTokens = 512,
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    device_map: DeviceMap = None,
+    truncate: Truncate = None,
+    prefill_chunk: PrefillChunk = 512,
+    host: str = typer.Option("127.0.0.1", "--host", rich_help_panel=SERVER, help="Address to bind (0.0.0.0: every interface; think before you do)."),
+    port: int = typer.Option(8000, "--port", min=1, max=65535, rich_help_panel=SERVER, help="Port to listen on."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="GRAFT_API_KEY", rich_help_panel=SERVER, help="Require this key (Authorization: Bearer KEY); also GRAFT_API_KEY."),
+    max_queue: int = typer.Option(16, "--max-queue", min=0, rich_help_panel=SERVER, help="Requests that may wait while one runs; past it a request gets 429."),
+    served_name: Optional[str] = typer.Option(None, "--served-model-name", rich_help_panel=SERVER, help="The name clients give as 'model' (default: --model as given)."),
+    response_cache: bool = typer.Option(True, "--response-cache/--no-response-cache", rich_help_panel=SERVER, help="Retrieve from every response this server has given (the `responses` retriever), for methods that retrieve by default."),
+) -> None:
+    """Serve the model over the OpenAI API: chat and text completions, streamed or whole."""
+    from graft_cli.api import open_generator
+    from graft_cli.method_config import MethodConfig, parse_budget, with_response_cache
+    from graft_cli.server.app import Service, serve as run_server
+
+    options = retriever_options(retriever_opt, datastore, adjacency_file)
+    config = MethodConfig(method, parse_budget(budget), retrievers.split(",") if retrievers else None, options, draft,
+                          draft_settings(locals()), tree=tree)
+    if response_cache:
+        config = with_response_cache(config)
+    generator = open_generator(model, config, device, dtype, device_map, prefill_chunk)
+    name = served_name or model
+    service = Service(generator, name, max_queue, max_new_tokens, api_key, truncate)
+    shown = "every interface" if host in ("0.0.0.0", "::") else host
+    print(f"graft: serving {name} ({config.method}) at http://{host}:{port}/v1 on {shown}; Ctrl-C or SIGTERM stops",
+          file=sys.stderr, flush=True)
+    run_server(service, host, port)

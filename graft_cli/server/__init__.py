@@ -1,0 +1,1 @@
+"""``graft serve``: an OpenAI-compatible HTTP server over one Generator (docs/serve.md)."""

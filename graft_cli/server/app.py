@@ -1,0 +1,174 @@
+"""The HTTP side of ``graft serve``: OpenAI's endpoints on Starlette, served by uvicorn.
+
+``POST /v1/chat/completions`` and ``POST /v1/completions`` (streamed as server-sent events with ``stream: true``),
+``GET /v1/models`` and ``GET /health``. Every request is checked on the event loop (a bad one is a 4xx at once,
+with an OpenAI-style error object), then handed to the model's one worker (worker.py). A client that disconnects
+stops its generation at the next step. docs/serve.md is the manual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from graft_cli.api import Generator
+from graft_cli.core import GraftError
+from graft_cli.server.protocol import CHAT, TEXT, ApiError, Call, chunk, new_id, parse, response
+from graft_cli.server.worker import Done, Failed, Full, Job, Worker
+
+POLL_S = 0.1  # how often a waiting non-streamed request looks for its client
+
+
+class Service:
+    """What the routes share: the model's name, its worker, and the settings every request gets."""
+
+    def __init__(self, generator: Generator, name: str, max_queue: int, max_tokens: int, api_key: str | None,
+                 truncate: str | None) -> None:
+        self.generator, self.name, self.max_tokens = generator, name, max_tokens
+        self.api_key, self.truncate = api_key, truncate
+        self.worker = Worker(generator, max_queue)
+        self.started = int(time.time())
+
+    def authorised(self, request: Request) -> bool:
+        return self.api_key is None or request.headers.get("authorization") == f"Bearer {self.api_key}"
+
+
+def error(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+def make_app(service: Service) -> Starlette:
+    async def health(request: Request) -> Response:
+        worker = service.worker
+        return JSONResponse({"status": "ok", "model": service.name, "busy": worker.busy, "waiting": worker.waiting})
+
+    async def models(request: Request) -> Response:
+        if not service.authorised(request):
+            return error(ApiError(401, "a valid API key is required (Authorization: Bearer KEY)",
+                                  kind="authentication_error", code="invalid_api_key"))
+        return JSONResponse({"object": "list", "data": [
+            {"id": service.name, "object": "model", "created": service.started, "owned_by": "graft"}]})
+
+    async def chat(request: Request) -> Response:
+        return await complete(service, request, CHAT)
+
+    async def text(request: Request) -> Response:
+        return await complete(service, request, TEXT)
+
+    routes = [Route("/health", health), Route("/v1/models", models), Route("/v1/chat/completions", chat,
+              methods=["POST"]), Route("/v1/completions", text, methods=["POST"])]
+    return Starlette(routes=routes, lifespan=lambda app: _lifespan(service))
+
+
+@asynccontextmanager
+async def _lifespan(service: Service) -> AsyncIterator[None]:
+    yield
+    await asyncio.to_thread(service.worker.stop)  # the generator closes: what it keeps on disk is saved
+
+
+async def complete(service: Service, request: Request, kind: str) -> Response:
+    """A completion request: checked, queued, then answered whole or streamed."""
+    try:
+        if not service.authorised(request):
+            raise ApiError(401, "a valid API key is required (Authorization: Bearer KEY)",
+                           kind="authentication_error", code="invalid_api_key")
+        call = parse(await _body(request), kind, service.name, service.max_tokens)
+        try:
+            checked = service.generator.request(call.prompt, messages=call.messages, truncate=service.truncate,
+                                                raw=kind == TEXT, **call.settings)  # a text completion: no template
+        except GraftError as e:  # the prompt past the model's context, an empty prompt: said with the numbers
+            raise ApiError(400, str(e), "messages" if kind == CHAT else "prompt",
+                           code="context_length_exceeded" if "positions" in str(e) else None) from None
+        job = Job(checked, asyncio.get_running_loop())
+        try:
+            service.worker.submit(job)
+        except Full:
+            raise ApiError(429, f"the server is busy: {service.worker.max_queue} requests already wait",
+                           kind="rate_limit_error", code="queue_full") from None
+    except ApiError as e:
+        return error(e)
+    rid = new_id(kind)
+    if call.stream:
+        return StreamingResponse(_events(call, rid, job), media_type="text/event-stream")
+    return await _whole(call, rid, job, request)
+
+
+async def _body(request: Request) -> Any:
+    try:
+        return json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+
+
+async def _whole(call: Call, rid: str, job: Job, request: Request) -> Response:
+    """Wait for the completion, looking for the client meanwhile: one that went away cancels its generation."""
+    while True:
+        try:
+            event = await asyncio.wait_for(job.events.get(), POLL_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                job.cancelled.set()
+                return Response(status_code=499)
+            continue
+        if isinstance(event, Done):
+            return JSONResponse(response(call, rid, event.completion))
+        if isinstance(event, Failed):
+            return error(ApiError(500, event.message, kind="server_error"))
+
+
+async def _events(call: Call, rid: str, job: Job) -> AsyncIterator[str]:
+    """Server-sent events in OpenAI's chunk format, ending with ``[DONE]``. Starlette cancels this generator when
+    the client disconnects; ``finally`` then stops the generation at its next step."""
+    try:
+        yield _sse(chunk(call, rid, "", first=True))
+        while True:
+            event = await job.events.get()
+            if isinstance(event, Done):
+                done = event.completion
+                reason = "stop" if done.finish_reason == "stop" else "length"
+                yield _sse(chunk(call, rid, None, finish=reason, completion=done))
+                break
+            if isinstance(event, Failed):
+                yield _sse(ApiError(500, event.message, kind="server_error").body())
+                break
+            if event.text:
+                yield _sse(chunk(call, rid, event.text))
+        yield "data: [DONE]\n\n"
+    finally:
+        job.cancelled.set()
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+class Server(uvicorn.Server):
+    """uvicorn, with graft's shutdown: on SIGTERM or Ctrl-C what runs is cancelled at its next step and what waits
+    is skipped, so a long stream does not hold the shutdown; a SIGTERM then ends the process with exit 0."""
+
+    def __init__(self, config: uvicorn.Config, worker: Worker) -> None:
+        super().__init__(config)
+        self.worker = worker
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        super().handle_exit(sig, frame)
+        self.worker.cancel_all()
+        if sig == signal.SIGTERM:  # a requested stop is a clean exit, not a death by signal
+            self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
+
+
+def serve(service: Service, host: str, port: int, log_level: str = "warning") -> None:
+    """Serve until SIGTERM or Ctrl-C."""
+    config = uvicorn.Config(make_app(service), host=host, port=port, log_level=log_level, access_log=False,
+                            timeout_graceful_shutdown=5, lifespan="on")
+    Server(config, service.worker).run()

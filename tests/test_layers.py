@@ -18,7 +18,7 @@ LAYERS = [
     ("model", ["graft_cli.runtime", "graft_cli.heads"]),
     ("policy", ["graft_cli.drafting", "plugins"]),
     ("method configuration", ["graft_cli.method_config", "graft_cli.methods"]),
-    ("application", ["graft_cli.api", "graft_cli.bench", "graft_cli.plots", "graft_cli.synthetic"]),
+    ("application", ["graft_cli.api", "graft_cli.server", "graft_cli.bench", "graft_cli.plots", "graft_cli.synthetic"]),
     ("cli", ["graft_cli.cli", "graft_cli.cli_", "graft_cli.__main__", "graft_cli.prefill_bar", "graft_cli.build_progress",
              "graft_cli"]),
 ]

@@ -54,12 +54,14 @@ def list_(
 
 @models_app.command("pull")
 def pull(
-    name: str = typer.Argument(None, help="Catalog name (default: the default model) or a path to a .gguf file."),
+    name: str = typer.Argument(None, help="Catalog name (default: the default model), a path to a .gguf file, or a "
+                               "Hugging Face id ORG/NAME[@REVISION] (into the hub cache)."),
     keep_gguf: bool = typer.Option(False, "--keep-gguf", help="Keep the assembled GGUF inside the model directory."),
-    force: bool = typer.Option(False, "--force", help="Pull and convert again even if already pulled."),
+    force: bool = typer.Option(False, "--force", help="Pull and convert (or download) again even if already there."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
-    """Download, verify (sha256) and convert a model once; prints its directory on stdout."""
+    """Download, verify (sha256) and convert a model once, or download a hub model into the Hugging Face cache;
+    prints its directory on stdout."""
     from graft_cli.catalog import entries, home, install, resolve
 
     name = name or entries.DEFAULT_MODEL
@@ -69,13 +71,13 @@ def pull(
         if already:
             typer.echo(f"graft: {name} is already pulled (use --force to pull it again)", err=True)
     else:
-        path = resolve.resolve_model(name)
+        path = resolve.resolve_model(name, force=force)
     typer.echo(str(path))
 
 
 @models_app.command("info")
 def info(
-    name: str = typer.Argument(..., help="Catalog name, gguf-* name, or a model directory."),
+    name: str = typer.Argument(..., help="Catalog name, gguf-* name, a model directory, or a cached ORG/NAME."),
     as_json: bool = typer.Option(False, "--json", help="The manifest as JSON."),
 ) -> None:
     """Show a model's manifest (source packages, sha256, sizes, conversion time)."""

@@ -201,7 +201,8 @@ def test_unknown_name(home):
         resolve.resolve_model("llama-9000")
     assert str(err.value) == (
         "unknown model 'llama-9000': not a catalog name "
-        "(smollm2-135m-instruct, qwen2.5-coder-0.5b-instruct, qwen2.5-coder-1.5b-instruct) nor a path"
+        "(smollm2-135m-instruct, qwen2.5-coder-0.5b-instruct, qwen2.5-coder-1.5b-instruct), a path "
+        "nor a Hugging Face id (ORG/NAME)"
     )
     with pytest.raises(GraftError, match="no such file or directory"):
         resolve.resolve_model("./missing/model.gguf")

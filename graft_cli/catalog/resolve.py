@@ -1,5 +1,10 @@
-"""From what a user types after ``--model`` to a Hugging Face dir (pulling or converting on first use), and the
-listing behind ``graft models list`` / ``info``."""
+"""From what a user types after ``--model`` to a Hugging Face dir (pulling, converting or downloading on first use),
+and the listing behind ``graft models list`` / ``info``.
+
+A spec is tried as, in this order: a catalog name; an existing local path (a model directory or a .gguf file);
+the name of an earlier GGUF conversion (``gguf-<sha12>``); a Hugging Face hub id ``ORG/NAME[@REVISION]``
+(``hub.py``). So a directory named like a catalog model is written ``./name``, and a local ``ORG/NAME`` directory
+wins over the hub id it spells."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from graft_cli.catalog.checksums import check_hf_dir, check_weights, model_check
 from graft_cli.catalog.entries import CATALOG, DEFAULT_MODEL
 from graft_cli.catalog.gguf import gguf_sha256
 from graft_cli.catalog.home import eprint, installed_models, is_pulled, mb, models_dir, read_manifest
+from graft_cli.catalog.hub import parse_hub_id, snapshot
 from graft_cli.catalog.install import convert_local_gguf, pull
 from graft_cli.core import GraftError
 
@@ -25,9 +31,10 @@ def _checked(name: str) -> Path:
         raise GraftError(f"{e} (run `{hint}`)") from None
 
 
-def resolve_model(spec: str, *, pull_if_missing: bool = True) -> Path:
+def resolve_model(spec: str, *, pull_if_missing: bool = True, force: bool = False) -> Path:
     """Turn a model spec into a Hugging Face directory (see the module docstring). A catalog name that is not
-    pulled yet is pulled first (after saying so on stderr) unless ``pull_if_missing`` is false."""
+    pulled yet is pulled first, and a hub id not in the hub cache downloaded first (each after saying so on
+    stderr), unless ``pull_if_missing`` is false. ``force``: a hub id's files are downloaded again."""
     spec = str(spec).strip()
     if not spec:
         raise GraftError("empty model name")
@@ -61,9 +68,13 @@ def resolve_model(spec: str, *, pull_if_missing: bool = True) -> Path:
 
     if "/" not in spec and is_pulled(spec):  # an earlier conversion, by its gguf-<sha12> name
         return _checked(spec)
+    hub_id = parse_hub_id(spec)
+    if hub_id is not None:
+        return check_hf_dir(snapshot(hub_id, "model", download=pull_if_missing, force=force))
     if "/" in spec or spec.endswith(".gguf") or spec.startswith((".", "~")):
         raise GraftError(f"no such file or directory: {spec}")
-    raise GraftError(f"unknown model '{spec}': not a catalog name ({', '.join(CATALOG)}) nor a path")
+    raise GraftError(f"unknown model '{spec}': not a catalog name ({', '.join(CATALOG)}), a path "
+                     "nor a Hugging Face id (ORG/NAME)")
 
 
 def list_models() -> list[dict]:
@@ -125,6 +136,11 @@ def model_info(spec: str) -> dict:
         return {"pulled": True, "path": str(d), **m}
     d = models_dir() / spec if "/" not in spec else Path(spec).expanduser()
     m = read_manifest(d)
+    hub_id = parse_hub_id(spec)
+    if m is None and hub_id is not None and not d.exists():  # a hub id: what the hub cache holds, never fetched
+        p = snapshot(hub_id, "model", download=False)
+        return {"name": str(hub_id), "pulled": True, "path": str(p), "kind": "hugging-face-hub", "commit": p.name,
+                "sha256": model_checksum(p)}
     if m is None:
         p = Path(spec).expanduser()
         if p.is_dir() and (p / "config.json").is_file():

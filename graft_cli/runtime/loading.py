@@ -1,6 +1,8 @@
 """Loading a model and its tokenizer for generation: device and dtype choice, chat formatting, stop tokens.
 
-Nothing here reaches the network: models come from the local catalog or a local path (``local_files_only``).
+Loading itself reaches no network (``local_files_only``): a spec is first resolved to a local directory (the catalog,
+a path, or a hub id's snapshot in the Hugging Face cache, downloaded there first if it is missing:
+graft_cli/catalog/resolve.py).
 Loading changes nothing else in the process: transformers' logging is quieted for the load's duration only.
 
 ``device_map`` (``--device-map auto``) shards a model larger than one GPU through accelerate: its layers spread
@@ -36,7 +38,7 @@ class Loaded:
     model: Any
     tokenizer: Any
     path: Path
-    spec: str  # what the user asked for (catalog name or path)
+    spec: str  # what the user asked for (catalog name, path or hub id)
 
     @property
     def device(self) -> str:
@@ -90,7 +92,7 @@ def parse_device_map(text: str | None) -> str | dict | None:
 
 def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map: str | dict | None = None,
                fast_cpu: bool = True) -> Loaded:
-    """A catalog name or a local path (HF directory or .gguf) to a ready model on ``device``, or sharded by
+    """A catalog name, a local path (HF directory or .gguf) or a hub id to a ready model on ``device``, or sharded by
     ``device_map`` (accelerate's placement; see the module docstring). ``fast_cpu``: the CPU kernels below
     (training packs its own: whether weights get packed here depends on free memory, and a resumed run must compute
     the same bits as the run it continues)."""

@@ -163,7 +163,7 @@ def test_aux_layer_ids_choose_the_fused_layers(tmp_path):
     assert Eagle3Drafter(load_head(str(tmp_path / "h"), target), target).layers == (1, 2, 4)
     raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 1, 9]
     (tmp_path / "h" / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(GraftError, match="eagle_aux_hidden_state_layer_ids must be 3 layer ids"):
+    with pytest.raises(GraftError, match="eagle_aux_hidden_state_layer_ids must be layer ids in 0..4"):
         load_head(str(tmp_path / "h"), target)
 
 

@@ -234,7 +234,7 @@ def test_named_heads_resolve_and_list(tiny_target, trained, tmp_path, monkeypatc
     assert code == 0 and "mine\tuser" in listing
     code, _, err = run_cli(["generate", "-p", "hi", "--model", str(tiny_target), "--draft", "eagle3:nothere",
                              "--method", "dense"], capsys)
-    assert code == 2 and "not a directory nor a named head" in err
+    assert code == 2 and "not a directory, a named head" in err
 
 
 SHIPPED_HEADS = sorted((Path(__file__).resolve().parents[1] / "graft_cli" / "heads" / "shipped").glob("*/README.md"))

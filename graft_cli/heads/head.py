@@ -7,53 +7,28 @@ target positions minus one) and predicts the token at ``t + 2``; deeper tree lev
 instead of fused target features. Its logits cover a reduced draft vocabulary; ``d2t`` maps draft id ``d`` to
 target id ``d + d2t[d]``.
 
-:func:`load_head` reads a head directory (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``, the
-keys of SpecForge's and the EAGLE authors' heads) and checks it against the target before anything runs.
+:func:`load_head` reads a head directory (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``, in the
+layouts of the EAGLE authors, SpecForge and vLLM's speculators: ``layouts.py``) and checks it against the target
+before anything runs.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from graft_cli.core import GraftError
+from graft_cli.heads.layouts import (ACTIVATIONS, HeadConfig, bias_shapes, canonical_weights, check_target,
+                                     expected_shapes, feature_count, head_config, read_config)
 from graft_cli.heads.names import resolve_head
 from graft_cli.runtime.attention_kernels import attention_kernels
 from graft_cli.runtime.kv_cache import PositionCache
 from graft_cli.runtime.target import on
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
-
-
-@dataclass
-class HeadConfig:
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    draft_vocab: int
-    rope_theta: float
-    eps: float
-    act: str
-    rope_scaling: dict | None = None  # {"rope_type": "llama3" | "linear" | "default", "factor": ..., ...}
-    layers: tuple[int, ...] | None = None  # entries of the target's hidden_states tuple; None: layer_indices
-
-
-def layer_indices(num_layers: int) -> tuple[int, int, int]:
-    """Which entries of the target's ``hidden_states`` tuple (inputs of decoder layers) the head fuses."""
-    return 2, num_layers // 2, num_layers - 3
-
-
-def head_layers(cfg: HeadConfig, num_layers: int) -> tuple[int, ...]:
-    return cfg.layers if cfg.layers is not None else layer_indices(num_layers)
 
 
 def rope_frequencies(cfg: HeadConfig, device: torch.device | str) -> torch.Tensor:
@@ -72,61 +47,6 @@ def rope_frequencies(cfg: HeadConfig, device: torch.device | str) -> torch.Tenso
         mid = (1 - smooth) * inv_freq / factor + smooth * inv_freq
         return torch.where(wavelen < original / high, inv_freq, torch.where(wavelen > original / low, inv_freq / factor, mid))
     return inv_freq
-
-
-def _rope_config(raw: dict, rope_theta: float | None) -> tuple[float, dict | None]:
-    """The RoPE base and scaling from a head's config: transformers-5 ``rope_parameters`` or the older
-    top-level ``rope_theta`` + ``rope_scaling``; ``rope_theta`` (an option) overrides the base."""
-    params = raw.get("rope_parameters")
-    scaling = dict(params) if isinstance(params, dict) else raw.get("rope_scaling")
-    base = (params or {}).get("rope_theta") if isinstance(params, dict) else None
-    theta = float(rope_theta or base or raw.get("rope_theta") or 10000.0)
-    if scaling is not None:
-        if not isinstance(scaling, dict):
-            raise ValueError("rope_scaling must be an object")
-        scaling.pop("rope_theta", None)
-        kind = scaling.get("rope_type", scaling.get("type", "default"))
-        needs = {"default": (), "linear": ("factor",),
-                 "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
-        if kind not in needs:
-            raise ValueError(f"unsupported RoPE scaling '{kind}' (default, linear or llama3)")
-        missing = [k for k in needs[kind] if scaling.get(k) is None]
-        if missing:
-            raise ValueError(f"{kind} RoPE scaling lacks {', '.join(missing)}")
-        if kind == "default":
-            scaling = None
-    return theta, scaling
-
-
-def _aux_layers(raw: dict, num_layers: int) -> tuple[int, ...] | None:
-    """``eagle_aux_hidden_state_layer_ids`` (outputs of those decoder layers) as hidden_states indices."""
-    ids = raw.get("eagle_aux_hidden_state_layer_ids")
-    if ids is None:
-        ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    if ids is None:
-        return None
-    if not isinstance(ids, list) or len(ids) != 3 or not all(isinstance(i, int) and 0 <= i < num_layers for i in ids):
-        raise ValueError(f"eagle_aux_hidden_state_layer_ids must be 3 layer ids in 0..{num_layers - 1}, got {ids}")
-    return tuple(i + 1 for i in ids)
-
-
-def expected_shapes(cfg: HeadConfig, target_hidden: int) -> dict[str, tuple[int, ...]]:
-    h, q, kv, i = cfg.hidden, cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.intermediate
-    return {
-        "fc.weight": (h, 3 * target_hidden),
-        "midlayer.input_layernorm.weight": (h,),
-        "midlayer.hidden_norm.weight": (h,),
-        "midlayer.post_attention_layernorm.weight": (h,),
-        "midlayer.self_attn.q_proj.weight": (q, 2 * h),
-        "midlayer.self_attn.k_proj.weight": (kv, 2 * h),
-        "midlayer.self_attn.v_proj.weight": (kv, 2 * h),
-        "midlayer.self_attn.o_proj.weight": (h, q),
-        "midlayer.mlp.gate_proj.weight": (i, h),
-        "midlayer.mlp.up_proj.weight": (i, h),
-        "midlayer.mlp.down_proj.weight": (h, i),
-        "norm.weight": (h,),
-        "lm_head.weight": (cfg.draft_vocab, h),
-    }
 
 
 class Eagle3Head:
@@ -163,8 +83,19 @@ class Eagle3Head:
         self.cache.layers[0].crop(length - self.length)
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
-        """Concatenated target features ``[T, 3·Ht]`` to the head's width."""
-        return F.linear(features.to(self.dtype), self.w["fc.weight"])
+        """Concatenated target features ``[T, n·Ht]`` to the head's width, through the head's norms of them first
+        where it has them (speculators' ``input_norm`` of the whole, ``fc_norm`` of each feature)."""
+        x = features.to(self.dtype)
+        if self.cfg.input_norm:
+            x = self._norm(x, "input_norm.weight")
+        if self.cfg.fc_norm:
+            chunks = x.chunk(feature_count(self.cfg), dim=-1)
+            x = torch.cat([self._norm(chunk, f"fc_norm.{i}.weight") for i, chunk in enumerate(chunks)], dim=-1)
+        return F.linear(x, self.w["fc.weight"], self.w.get("fc.bias"))
+
+    def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """One of the layer's projections (``midlayer.NAME``), with its bias where the head has one."""
+        return F.linear(x, self.w[f"midlayer.{name}.weight"], self.w.get(f"midlayer.{name}.bias"))
 
     def _norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
         x32 = x.float()
@@ -183,31 +114,38 @@ class Eagle3Head:
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 allowed: torch.Tensor) -> torch.Tensor:
         """Rows ``(hidden[i], tokens[i])`` at ``positions``; ``allowed`` ``[T, cache + T]`` (bool) says what each
-        row attends to. Appends their keys and values to the cache; returns the layer's outputs ``[T, H]``."""
-        c, w = self.cfg, self.w
+        row attends to. Appends their keys and values to the cache; returns the layer's outputs ``[T, H]``, the
+        state deeper draft levels read (normed by ``norm`` where the head was trained to feed that back)."""
+        c = self.cfg
         t = tokens.shape[0]
         emb = self.embed[on(tokens, self.device)].to(self.dtype)
-        x = torch.cat([self._norm(emb, "midlayer.input_layernorm.weight"),
-                       self._norm(hidden, "midlayer.hidden_norm.weight")], dim=-1)
-        q = F.linear(x, w["midlayer.self_attn.q_proj.weight"]).view(t, c.heads, c.head_dim).transpose(0, 1)
-        k = F.linear(x, w["midlayer.self_attn.k_proj.weight"]).view(t, c.kv_heads, c.head_dim).transpose(0, 1)
-        v = F.linear(x, w["midlayer.self_attn.v_proj.weight"]).view(t, c.kv_heads, c.head_dim).transpose(0, 1)
-        q, k = self._rope(q, positions), self._rope(k, positions)
+        normed = self._norm(hidden, "midlayer.hidden_norm.weight")
+        x = torch.cat([self._norm(emb, "midlayer.input_layernorm.weight"), normed], dim=-1)
+        q = self._linear(x, "self_attn.q_proj").view(t, c.heads, c.head_dim)
+        k = self._linear(x, "self_attn.k_proj").view(t, c.kv_heads, c.head_dim)
+        v = self._linear(x, "self_attn.v_proj").view(t, c.kv_heads, c.head_dim).transpose(0, 1)
+        if c.qk_norm:  # qwen3's layer: every query and key head normalised before RoPE
+            q, k = self._norm(q, "midlayer.self_attn.q_norm.weight"), self._norm(k, "midlayer.self_attn.k_norm.weight")
+        q, k = self._rope(q.transpose(0, 1), positions), self._rope(k.transpose(0, 1), positions)
         keys, values = self.cache.layers[0].update(k[None], v[None])
         bias = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         bias.masked_fill_(~on(allowed, self.device), torch.finfo(self.dtype).min)
         with self.kernels:
             attn = F.scaled_dot_product_attention(q[None], keys, values, attn_mask=bias[None, None],
                                                   enable_gqa=True)[0]
-        h = hidden + F.linear(attn.transpose(0, 1).reshape(t, c.heads * c.head_dim), w["midlayer.self_attn.o_proj.weight"])
+        residual = normed if c.norm_before_residual else hidden
+        h = residual + self._linear(attn.transpose(0, 1).reshape(t, c.heads * c.head_dim), "self_attn.o_proj")
         y = self._norm(h, "midlayer.post_attention_layernorm.weight")
-        mlp = self.act(F.linear(y, w["midlayer.mlp.gate_proj.weight"])) * F.linear(y, w["midlayer.mlp.up_proj.weight"])
-        return h + F.linear(mlp, w["midlayer.mlp.down_proj.weight"])
+        out = h + self._linear(self.act(self._linear(y, "mlp.gate_proj")) * self._linear(y, "mlp.up_proj"),
+                               "mlp.down_proj")
+        return self._norm(out, "norm.weight") if c.feed_normed else out
 
     def logp(self, out: torch.Tensor) -> torch.Tensor:
-        """Log-probabilities over the draft vocabulary."""
-        logits = F.linear(self._norm(out, "norm.weight"), self.w["lm_head.weight"])
-        return torch.log_softmax(logits.float(), dim=-1)
+        """Log-probabilities over the draft vocabulary: ``lm_head`` over ``norm(out)``, or over ``out`` itself where
+        it is normed already or the head was trained without (SpecForge's ``norm_output: false``)."""
+        if self.cfg.norm_logits and not self.cfg.feed_normed:
+            out = self._norm(out, "norm.weight")
+        return torch.log_softmax(F.linear(out, self.w["lm_head.weight"]).float(), dim=-1)
 
     def to_target(self, ids: torch.Tensor) -> torch.Tensor:
         return ids + self.d2t[ids]
@@ -226,10 +164,11 @@ def load_head(path: str, target: torch.nn.Module, rope_theta: float | None = Non
     directory: a head that does not fit its target must fail before a token is drafted."""
     root = resolve_head(path)
     where = f"eagle3 head {path}"
-    raw = _read_config(root, where)
-    cfg = _head_config(raw, target, rope_theta, where)
-    weights = {k.removeprefix("model."): v for k, v in _read_weights(root, where).items()}
+    cfg = head_config(read_config(root, where), target, rope_theta, where)
+    weights = canonical_weights(_read_weights(root, where), where)
+    check_target(cfg, weights, target, where)
     shapes = expected_shapes(cfg, target.config.hidden_size)
+    shapes |= {name: shape for name, shape in bias_shapes(cfg).items() if name in weights and name not in shapes}
     for name, shape in shapes.items():
         if name not in weights:
             raise GraftError(f"{where}: missing tensor '{name}'")
@@ -240,54 +179,6 @@ def load_head(path: str, target: torch.nn.Module, rope_theta: float | None = Non
     d2t = _draft_map(weights, cfg, embed_target.shape[0], where)
     keep = {name: weights[name].to(embed_target.device, embed_target.dtype) for name in shapes}
     return Eagle3Head(cfg, keep, embed, d2t.to(embed_target.device))
-
-
-def _read_config(root: Path, where: str) -> dict:
-    try:
-        raw = json.loads((root / "config.json").read_text())
-    except FileNotFoundError:
-        raise GraftError(f"{where}: no config.json") from None
-    except (OSError, ValueError) as e:
-        raise GraftError(f"{where}: config.json is unreadable ({str(e).splitlines()[0]})") from None
-    if not isinstance(raw, dict):
-        raise GraftError(f"{where}: config.json is not a JSON object")
-    if raw.get("fc_norm"):
-        raise GraftError(f"{where}: heads with fc_norm are not supported")
-    return raw
-
-
-def _head_config(raw: dict, target: torch.nn.Module, rope_theta: float | None, where: str) -> HeadConfig:
-    """The head's shape from its config.json, the target's vocabulary filling what a head leaves out."""
-    tconf = target.config
-    vocab = target.get_input_embeddings().weight.shape[0]
-    try:
-        hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
-        theta, scaling = _rope_config(raw, rope_theta)
-        cfg = HeadConfig(
-            hidden=hidden,
-            heads=heads,
-            kv_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or hidden // heads),
-            intermediate=int(raw["intermediate_size"]),
-            vocab=int(raw.get("vocab_size") or vocab),
-            draft_vocab=int(raw.get("draft_vocab_size") or raw.get("vocab_size") or vocab),
-            rope_theta=theta,
-            eps=float(raw.get("rms_norm_eps") or 1e-6),
-            act=str(raw.get("hidden_act") or "silu"),
-            rope_scaling=scaling,
-            layers=_aux_layers(raw, tconf.num_hidden_layers),
-        )
-    except KeyError as e:
-        raise GraftError(f"{where}: config.json lacks {e.args[0]}") from None
-    except (TypeError, ValueError) as e:
-        raise GraftError(f"{where}: config.json has a bad value ({e})") from None
-    if cfg.heads % cfg.kv_heads:
-        raise GraftError(f"{where}: {cfg.heads} attention heads do not split into {cfg.kv_heads} key/value heads")
-    if cfg.act not in ACTIVATIONS:
-        raise GraftError(f"{where}: unsupported hidden_act '{cfg.act}'")
-    if tconf.num_hidden_layers < 3:
-        raise GraftError(f"{where}: the target has {tconf.num_hidden_layers} layers; EAGLE-3 needs at least 3")
-    return cfg
 
 
 def _embedding(weights: dict[str, torch.Tensor], cfg: HeadConfig, embed_target: torch.Tensor,

@@ -1,8 +1,9 @@
 """Where named EAGLE-3 heads live and how ``eagle3:NAME`` finds them.
 
-A head is a directory in SpecForge's layout (``config.json`` + ``model.safetensors``). ``eagle3:SPEC`` is a path
-when one exists there, else a name: the heads shipped inside the package (``graft_cli/heads/shipped/NAME``), then
-the heads trained into ``GRAFT_HOME/heads/NAME``.
+A head is a directory (``config.json`` + weights, in one of the layouts ``layouts.py`` reads). ``eagle3:SPEC`` is
+a path when one exists there, else a name: the heads shipped inside the package (``graft_cli/heads/shipped/NAME``),
+then the heads trained into ``GRAFT_HOME/heads/NAME``; else a Hugging Face hub id ``ORG/NAME[@REVISION]``, found in
+the hub cache or downloaded into it (``graft_cli/catalog/hub.py``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from graft_cli.catalog import graft_home
+from graft_cli.catalog.hub import parse_hub_id, snapshot
 from graft_cli.core import GraftError
 
 SHIPPED = Path(__file__).parent / "shipped"
@@ -40,5 +42,9 @@ def resolve_head(spec: str) -> Path:
     named = named_heads()
     if "/" not in spec and spec in named:
         return named[spec]
+    hub_id = parse_hub_id(spec)
+    if hub_id is not None:
+        return snapshot(hub_id, "eagle3 head")
     known = ", ".join(named) or "none"
-    raise GraftError(f"eagle3 head {spec}: not a directory nor a named head (named heads: {known})")
+    raise GraftError(f"eagle3 head {spec}: not a directory, a named head (named heads: {known}) "
+                     "nor a Hugging Face id (ORG/NAME)")

@@ -51,7 +51,7 @@ from torch.nn.attention import SDPBackend
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 
-from graft_cli.core import DEFAULT_SCHEDULE, DraftSettings, ROOT, Tree
+from graft_cli.core import DEFAULT_SCHEDULE, DraftSettings
 from graft_cli import methods
 from graft_cli.runtime.attention_kernels import attention_kernels
 from graft_cli.bench.datasets import Question
@@ -64,7 +64,7 @@ from graft_cli.runtime.lossless import MarginTarget, report
 from graft_cli.methods import MethodConfig
 from graft_cli.core.defaults import CUDA
 from graft_cli.runtime.sampling import Sampling, probabilities
-from graft_cli.synthetic import save_model_dir, tiny_model, word_tokenizer, write_eagle3_head
+from graft_cli.synthetic import method_configs, random_tree, synthetic_models, text_store
 from graft_cli.runtime.target import Target
 
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -122,13 +122,7 @@ class Table:
 # --- 1. every method ---------------------------------------------------------------------------------------------
 def synthetic_dirs(root: Path, scale: Scale) -> tuple[Path, Path]:
     """The target (saved like a download, with a word-level tokenizer) and a random EAGLE-3 head for it."""
-    model = tiny_model("llama", seed=0, vocab=scale.vocab, layers=scale.layers, hidden_size=scale.hidden,
-                       intermediate_size=2 * scale.hidden, max_position_embeddings=4096)
-    target = save_model_dir(root / "target", model, word_tokenizer(scale.vocab))
-    heads = max(1, scale.hidden // 64)
-    head = write_eagle3_head(root / "eagle3", model, hidden=scale.hidden, heads=heads, kv_heads=heads,
-                             head_dim=scale.hidden // heads, intermediate=2 * scale.hidden, draft_vocab=scale.vocab // 2)
-    return target, head
+    return synthetic_models(root, scale.vocab, scale.hidden, scale.layers)
 
 
 def prompts(scale: Scale) -> list[Question]:
@@ -139,24 +133,6 @@ def prompts(scale: Scale) -> list[Question]:
         a, b = rng.integers(0, scale.vocab, 8).tolist(), rng.integers(0, scale.vocab, 8).tolist()
         out.append(Question(i, "synthetic", [" ".join(f"t{t}" for t in a + b + a)]))
     return out
-
-
-def method_configs(target: Path, head: Path, store: Path | None, depth: int | None) -> dict[str, MethodConfig]:
-    """Every engine method a user runs, as the CLI would configure it (rest only once its datastore exists)."""
-    draft = str(target)
-    configs = {
-        "ar": MethodConfig("ar"),
-        "pld": MethodConfig("pld"),
-        "recycling": MethodConfig("recycling"),
-        "dense": MethodConfig("dense", draft=draft, drafting=DraftSettings(depth=depth)),
-        "pruned": MethodConfig("pruned", draft=draft, drafting=DraftSettings(depth=depth)),
-        "graft": MethodConfig("graft", draft=draft, drafting=DraftSettings(depth=depth)),
-        "graft-tail": MethodConfig("graft", draft=draft, drafting=DraftSettings(chain=True, depth=depth)),
-        "eagle3": MethodConfig("dense", draft=f"eagle3:{head}", drafting=DraftSettings(depth=depth)),
-    }
-    if store is not None:
-        configs["rest"] = MethodConfig("rest", options={"datastore": str(store)})
-    return configs
 
 
 def runners(loaded, configs: dict[str, MethodConfig]) -> list:
@@ -173,13 +149,7 @@ def runners(loaded, configs: dict[str, MethodConfig]) -> list:
 
 def build_store(root: Path, target: Path, records: list[dict], questions: list[Question]) -> Path:
     """A suffix-array datastore over the prompts and ar's answers (what REST retrieves from)."""
-    from datastores import build_store as build
-
-    corpus = root / "corpus.jsonl"
-    texts = [q.turns[0] for q in questions] + [t["text"] for r in records for t in r["turns"]]
-    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    build([corpus], root / "store", model_dir=target)
-    return root / "store"
+    return text_store(root, target, [q.turns[0] for q in questions] + [t["text"] for r in records for t in r["turns"]])
 
 
 def check_greedy(table: Table, loaded, conv, questions, scale: Scale, names: list[str], runs: list) -> None:
@@ -274,14 +244,6 @@ def check_flash_prefill(table: Table, model) -> None:
 
 
 # --- 3. verification latency -------------------------------------------------------------------------------------
-def random_tree(size: int, vocab: int, rng: np.random.Generator) -> Tree:
-    tree = Tree()
-    while len(tree) < size:
-        parent = ROOT if not len(tree) or rng.random() < 0.2 else int(rng.integers(len(tree)))
-        tree.add(parent, int(rng.integers(vocab)), "bench", 0.5)
-    return tree
-
-
 def check_latency(table: Table, shape: dict, device: str, dtype: torch.dtype, scale: Scale) -> None:
     config = LlamaConfig(**shape, max_position_embeddings=4096, attn_implementation="sdpa")
     with torch.device(device):

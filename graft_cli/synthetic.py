@@ -14,8 +14,10 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
+from datastores import build_store
 from graft_cli.heads import HeadConfig, expected_shapes
-from graft_cli.core import ROOT, Tree
+from graft_cli.core import DraftSettings, ROOT, Tree
+from graft_cli.method_config import MethodConfig
 
 VOCAB = 97
 
@@ -92,6 +94,53 @@ def write_eagle3_head(root: Path, target, hidden: int = 48, heads: int = 4, kv_h
         weights["embed_tokens.weight"] = torch.randn((vocab, hidden), generator=gen)
     save_file(weights, str(root / "model.safetensors"))
     return root
+
+
+def synthetic_models(root: Path, vocab: int = VOCAB, hidden: int = 64, layers: int = 2) -> tuple[Path, Path]:
+    """A target saved like a download (a word-level tokenizer) and a random EAGLE-3 head for it, under ``root``."""
+    model = tiny_model("llama", seed=0, vocab=vocab, layers=layers, hidden_size=hidden, intermediate_size=2 * hidden,
+                       max_position_embeddings=4096)
+    target = save_model_dir(root / "target", model, word_tokenizer(vocab))
+    heads = max(1, hidden // 64)
+    head = write_eagle3_head(root / "eagle3", model, hidden=hidden, heads=heads, kv_heads=heads,
+                             head_dim=hidden // heads, intermediate=2 * hidden, draft_vocab=vocab // 2)
+    return target, head
+
+
+def method_configs(target: Path, head: Path, store: Path | None, depth: int | None) -> dict[str, MethodConfig]:
+    """Every engine method a user runs, as the CLI would configure it, the target drafting for itself (rest
+    only once its datastore exists)."""
+    draft = str(target)
+    configs = {
+        "ar": MethodConfig("ar"),
+        "pld": MethodConfig("pld"),
+        "recycling": MethodConfig("recycling"),
+        "dense": MethodConfig("dense", draft=draft, drafting=DraftSettings(depth=depth)),
+        "pruned": MethodConfig("pruned", draft=draft, drafting=DraftSettings(depth=depth)),
+        "graft": MethodConfig("graft", draft=draft, drafting=DraftSettings(depth=depth)),
+        "graft-tail": MethodConfig("graft", draft=draft, drafting=DraftSettings(chain=True, depth=depth)),
+        "eagle3": MethodConfig("dense", draft=f"eagle3:{head}", drafting=DraftSettings(depth=depth)),
+    }
+    if store is not None:
+        configs["rest"] = MethodConfig("rest", options={"datastore": str(store)})
+    return configs
+
+
+def text_store(root: Path, target: Path, texts: list[str]) -> Path:
+    """A suffix-array datastore over ``texts`` for the model directory ``target`` (what REST retrieves from)."""
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    build_store([corpus], root / "store", model_dir=target)
+    return root / "store"
+
+
+def random_tree(size: int, vocab: int, rng: np.random.Generator) -> Tree:
+    """A tree of ``size`` random nodes, a fifth of them children of the root (fewer when tokens merge)."""
+    tree = Tree()
+    while len(tree) < size:
+        parent = ROOT if not len(tree) or rng.random() < 0.2 else int(rng.integers(len(tree)))
+        tree.add(parent, int(rng.integers(vocab)), "random", 0.5)
+    return tree
 
 
 class StaticProposer:

@@ -33,6 +33,7 @@ def decode(
     watch = Stopwatch(stats.times)  # prefill, start (a draft model's own prefill, indexing), then each step's phases
     noise = None if sampling.greedy else Noise(0 if seed is None else seed, target.device)
     capacity = len(prompt) + max_new_tokens + ROOM  # the caches of target and draft are reserved once
+    device_step = target.device_step(sampling, noise)  # None: verified here, accepted on the host
     out = target.prefill(list(prompt), proposer.wants_hidden, capacity)
     first = pick(out.logits[-1], sampling, noise, 0)
     context = [*prompt, first]
@@ -50,11 +51,15 @@ def decode(
         watch.restart()
         tree = proposer.propose(context, stats).within(target.vocab_size)  # a plugin's bad ids never reach the model
         watch.lap("propose")
-        out = target.verify(context[-1], tree, hidden=proposer.wants_hidden)
-        watch.lap("verify")
-        result = accept(tree, out.logits, sampling, noise, len(context) - len(prompt))
+        if device_step is None:
+            out = target.verify(context[-1], tree, hidden=proposer.wants_hidden)
+            watch.lap("verify")
+            result = accept(tree, out.logits, sampling, noise, len(context) - len(prompt))
+            target.keep(result.rows(), len(tree) + 1)
+        else:  # the fixed-shape path: accepted and compacted on the device, read once
+            out, result = device_step(context[-1], tree, proposer.wants_hidden, len(context) - len(prompt))
+            watch.lap("verify")
         rows = result.rows()
-        target.keep(rows, len(tree) + 1)
         new = [tree.nodes[i].token for i in result.nodes] + [result.bonus]
         context.extend(new)
         watch.lap("accept")

@@ -19,6 +19,12 @@ do not fit that block (another device, dtype or shape), and every layer of a mod
 
 A forward that would pass the capacity (a caller that reserved too little) doubles it once; requests whose caller
 reserves (``Target.prefill(ids, capacity=...)``) never reallocate.
+
+The fixed-shape path (graft_cli/runtime/fixed_target.py) uses the same blocks another way: while
+``PositionCache.write_index`` holds a device tensor of positions, a forward writes its rows there and attention
+reads the WHOLE block, its unfilled rows masked, so every forward of a bucket has one shape and touches no
+Python-int slice (what a CUDA graph needs). Blocks it reads are made zero-filled (``zeroed``): a masked key still
+multiplies its value by a zero weight, and garbage there could be NaN.
 """
 
 from __future__ import annotations
@@ -60,6 +66,11 @@ class PositionLayer(CacheLayerMixin):
         return end
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        index = self.cache.write_index
+        if index is not None:  # fixed shapes: rows written where the device index says, the whole block read
+            self.keys.index_copy_(2, index, key_states)
+            self.values.index_copy_(2, index, value_states)
+            return self.keys, self.values
         end = self.make_room(key_states)
         self.keys[:, :, self.filled : end] = key_states
         self.values[:, :, self.filled : end] = value_states
@@ -92,6 +103,8 @@ class PositionCache(Cache):
         self.shared = shared
         self.capacity = 0
         self.block: torch.Tensor | None = None  # [layers, 2, batch, heads, capacity, head_dim]
+        self.write_index: torch.Tensor | None = None  # set: the fixed-shape path's forward (module docstring)
+        self.zeroed = False  # new blocks made zero-filled (the fixed-shape path reads unfilled rows, masked)
 
     def reserve(self, capacity: int, keep: int = 0) -> None:
         """Start a request of up to ``capacity`` positions: its first ``keep`` rows those held now (a prefix the
@@ -120,7 +133,8 @@ class PositionCache(Cache):
     def _sized(self, block: torch.Tensor | None, layers: int, like: torch.Tensor) -> torch.Tensor:
         if block is not None and block.shape[4] == self.capacity:
             return block
-        grown = like.new_empty((layers, 2, like.shape[0], like.shape[1], self.capacity, like.shape[3]))
+        shape = (layers, 2, like.shape[0], like.shape[1], self.capacity, like.shape[3])
+        grown = like.new_zeros(shape) if self.zeroed else like.new_empty(shape)
         if block is not None:  # a forward passed the reserved capacity: the rows held so far come along
             grown[:, :, :, :, : block.shape[4]] = block
         return grown
@@ -141,8 +155,12 @@ class PositionCache(Cache):
                 if block.device not in index:
                     index[block.device] = torch.tensor([start + r for r in rows[placed:]], device=block.device)
                 block.narrow(4, start + placed, moved).copy_(block.index_select(4, index[block.device]))
+        self.settle(start + len(rows))
+
+    def settle(self, length: int) -> None:
+        """Every layer holds ``length`` rows (the fixed-shape path moves them on the device and says so here)."""
         for layer in self.layers:
-            layer.filled = start + len(rows)
+            layer.filled = length
 
 
 def cache_keyword(model: torch.nn.Module) -> str:

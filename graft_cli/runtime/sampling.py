@@ -70,14 +70,19 @@ class Noise:
         self.rows: list[torch.Tensor] = []  # rows[i] is position first + i
         self.first = 0
 
+    def draw(self, end: int, vocab: int) -> None:
+        """Draw every row before position ``end`` not drawn yet, in position order (the only place rows are
+        drawn: the fixed-shape path's ring of rows takes them from here too, so both see the same values)."""
+        while self.first + len(self.rows) < end:
+            u = torch.rand(vocab, generator=self.generator, device=self.device)
+            self.rows.append(-torch.log(-torch.log(u)))
+
     def at(self, offsets: torch.Tensor, start: int, span: int, vocab: int) -> torch.Tensor:
         """Noise ``[len(offsets), vocab]`` for positions ``start + offsets`` (``offsets`` on the device, each below
         ``span``, which the caller knows on the host); rows before ``start`` are never asked for again: dropped."""
         if start < self.first:
             raise ValueError(f"noise for position {start} was dropped (positions only move forward)")
-        while self.first + len(self.rows) < start + span:
-            u = torch.rand(vocab, generator=self.generator, device=self.device)
-            self.rows.append(-torch.log(-torch.log(u)))
+        self.draw(start + span, vocab)
         del self.rows[: start - self.first]
         self.first = start
         block = torch.stack(self.rows[:span])

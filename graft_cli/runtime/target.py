@@ -19,6 +19,8 @@ import torch
 from graft_cli.runtime.attention import use_split_attention
 from graft_cli.runtime.attention_kernels import attention_kernels
 from graft_cli.runtime.kv_cache import PositionCache, cache_keyword
+from graft_cli.runtime.sampling import Noise, Sampling
+from graft_cli.runtime.verify import Accepted
 from graft_cli.core import ROOM, Tree
 
 PREFILL_CHUNK = 512  # prompt tokens per prefill forward (see docs/benchmarks.md, "Long context")
@@ -31,6 +33,10 @@ class Forward:
     hidden: Sequence[torch.Tensor] | None  # per-layer hidden states [T, H] when asked for
 
 
+# (root, tree, hidden wanted, the root row's generated-token index) -> the forward's outputs and what it accepted
+DeviceStep = Callable[[int, Tree, bool, int], tuple[Forward, Accepted]]
+
+
 def on(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``x`` on ``device``, without a call when it is there already (the hot path makes many)."""
     return x if x.device == device else x.to(device)
@@ -38,10 +44,11 @@ def on(x: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 class Layers(Sequence[torch.Tensor]):
     """A verification's per-layer hidden states ``[T, H]``, each taken from transformers' ``[1, T, H]`` (and
-    brought to the input device) when it is read: an EAGLE-3 head reads three layers of thirty, every step."""
+    brought to the input device) when it is read: an EAGLE-3 head reads three layers of thirty, every step.
+    ``rows``: only the first rows are the verification's (a fixed-shape forward pads the rest)."""
 
-    def __init__(self, states: Sequence[torch.Tensor], device: torch.device) -> None:
-        self.states, self.device = states, device
+    def __init__(self, states: Sequence[torch.Tensor], device: torch.device, rows: int | None = None) -> None:
+        self.states, self.device, self.rows = states, device, rows
 
     def __len__(self) -> int:
         return len(self.states)
@@ -49,7 +56,8 @@ class Layers(Sequence[torch.Tensor]):
     def __getitem__(self, i):  # an int gives a layer, a slice a list of them
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        return on(self.states[i][0], self.device)
+        state = self.states[i][0]
+        return on(state if self.rows is None else state[: self.rows], self.device)
 
 
 def input_device(model: torch.nn.Module) -> torch.device:
@@ -136,6 +144,12 @@ class Target:
             )
         self.length = past + n
         return self._forward(out, hidden)
+
+    def device_step(self, sampling: Sampling, noise: Noise | None) -> DeviceStep | None:
+        """A verification that accepts on the device and compacts its own cache, for one request (the
+        fixed-shape path, graft_cli/runtime/fixed_target.py); None here: the loop verifies, accepts on the host
+        (``verify.accept``) and calls :meth:`keep`."""
+        return None
 
     @torch.inference_mode()
     def keep(self, rows: list[int], fed: int) -> None:

@@ -1,0 +1,114 @@
+"""Verification at fixed shapes: what lets one captured CUDA graph serve every step of a bucket.
+
+A graph replays the kernels it recorded, on the memory it recorded: the same shapes, the same addresses, no host
+decision inside. Eager verification changes all three every step (the tree's size, the cache's length, a mask made
+anew), so here:
+
+- the tree (with its root) is padded to a **bucket** of rows (:data:`BUCKETS`; plain decoding is the 1-row one);
+  a padded row feeds token 0 at the root's position and sees only itself (a row that sees nothing gives NaN);
+- the keys are the request's **whole reserved cache** (graft_cli/runtime/kv_cache.py): a forward writes its rows
+  at ``past + i`` through a device index and attention reads every row of the block, the rows past the tree
+  masked (they are zero-filled or hold old finite rows: a NaN there would still poison the output);
+- the **inputs** -- tokens, positions, each row's parent, its noise slot and its ancestor row -- are one static
+  device block per bucket, written in place by ONE host-to-device copy a step (pinned and asynchronous on CUDA);
+- the additive **mask** ``[1, 1, B, capacity]`` is made on the device from the ancestor rows and the root's
+  position, so no host value but the input block changes between replays.
+
+Padding costs real compute on a CPU (where the path runs eagerly, for the tests); on a GPU a verification is
+bound by streaming the weights, and 16 rows cost about what 1 does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from graft_cli.core import Tree
+
+BUCKETS = (1, 16, 32, 64, 128)  # rows a verification is padded to (root + tree)
+PAST_LARGEST = 64  # a bigger tree is padded to a multiple of this, and runs eagerly
+HEADER = 4  # input rows before the ancestor rows: tokens, positions, parents, noise slots
+
+
+def bucket(rows: int, buckets: tuple[int, ...] = BUCKETS) -> int:
+    """The rows a verification of ``rows`` rows is padded to."""
+    for size in buckets:
+        if rows <= size:
+            return size
+    return -(-rows // PAST_LARGEST) * PAST_LARGEST
+
+
+class StaticInputs:
+    """One bucket's inputs in one device block ``[4 + B, B]`` (int64), kept for the target's life so that a
+    captured graph reads them where it recorded them; the host fills a mirror and copies it over whole.
+
+    Rows: 0 the tokens, 1 the positions, 2 each row's parent row (the root and padded rows: themselves), 3 each
+    row's slot in the noise ring (graft_cli/runtime/device_accept.py), then B ancestor rows (1: row i sees row j,
+    itself included; a real row always sees the root, a padded row only itself)."""
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        self.size = size
+        cuda = device.type == "cuda"
+        self.host = torch.zeros((HEADER + size, size), dtype=torch.long, pin_memory=cuda)  # host: the mirror
+        self.array = self.host.numpy()
+        self.block = torch.zeros((HEADER + size, size), dtype=torch.long, device=device)
+        self.tokens, self.positions = self.block[0:1], self.block[1:2]  # [1, B]: as the model takes them
+        self.parents, self.slots, self.ancestors = self.block[2], self.block[3], self.block[HEADER:]
+        self.non_blocking = cuda
+        self._used = size  # rows of the ancestor block the last write filled (the rest hold padding already)
+        self.array[HEADER:] = np.eye(size, dtype=np.int64)
+
+    def write(self, root: int, tree: Tree, past: int, position: int, ring: int) -> None:
+        """Fill the mirror for ``root`` + ``tree`` over ``past`` cached rows (``position``: the generated-token
+        index the root's row chooses; ``ring``: the noise ring's rows) and copy it to the device."""
+        n, size, a = len(tree) + 1, self.size, self.array
+        depths = tree.depths()
+        a[0, 0], a[0, 1:n], a[0, n:] = root, tree.tokens(), 0
+        a[1, :n], a[1, n:] = depths + past, past
+        a[2, 0], a[2, 1:n], a[2, n:] = 0, tree.parents(), np.arange(n, size)
+        a[3, :n], a[3, n:] = (depths + position) % ring, 0
+        ancestors = a[HEADER:]
+        used = max(n, self._used)
+        ancestors[:used, :used] = np.eye(used, dtype=np.int64)  # padding again where the last tree was
+        if n > 1:
+            ancestors[:n, :n] = tree.ancestor_mask()
+        self._used = n
+        self.block.copy_(self.host, non_blocking=self.non_blocking)
+
+
+def tree_mask(inputs: StaticInputs, capacity: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask ``[1, 1, B, capacity]``, made on the device: every row sees the cached context (keys
+    before the root's position), then its ancestor rows of the tree block; the rest is ``finfo.min``."""
+    size, device = inputs.size, inputs.block.device
+    past = inputs.positions[0, :1]
+    relative = torch.arange(capacity, device=device) - past  # a key's row in the tree block (< 0: the context)
+    inside = (relative >= 0) & (relative < size)
+    seen = inputs.ancestors.index_select(1, relative.clamp(0, size - 1)) != 0
+    allowed = (relative < 0)[None, :] | (seen & inside[None, :])
+    mask = torch.zeros((size, capacity), dtype=dtype, device=device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+@dataclass
+class Padded:
+    """A fixed-shape forward's outputs: static tensors when captured (the next replay overwrites them)."""
+
+    logits: torch.Tensor  # [B, V]
+    hidden: tuple[torch.Tensor, ...] | None  # per layer [1, B, H], when asked for
+
+
+def padded_forward(model: torch.nn.Module, cache, cached: dict, inputs: StaticInputs, hidden: bool) -> Padded:
+    """The target's forward over one bucket's inputs: rows written at ``past + i`` through the cache's device
+    index, every key of the block read under :func:`tree_mask`. What a verification graph captures."""
+    keys = cache.layers[0].keys
+    past = inputs.positions[0, :1]
+    cache.write_index = past + torch.arange(inputs.size, device=past.device)
+    try:
+        out = model(input_ids=inputs.tokens, position_ids=inputs.positions,
+                    attention_mask=tree_mask(inputs, keys.shape[2], keys.dtype), **cached, use_cache=True,
+                    output_hidden_states=hidden)
+    finally:
+        cache.write_index = None
+    return Padded(out.logits[0], tuple(out.hidden_states) if hidden else None)

@@ -1,0 +1,131 @@
+"""The target on the fixed-shape path: each step's verification, acceptance and cache compaction at a bucket's
+shape, captured once per bucket as CUDA graphs on a GPU (eager on a CPU), and read by the host once.
+
+A step writes the bucket's static inputs (one host-to-device copy), runs the verification region (the padded
+forward, graft_cli/runtime/fixed_shapes.py) and the acceptance region (graft_cli/runtime/device_accept.py: the
+target's choices, the accepted path, the KV rows moved into place), then reads ``[count, bonus, rows]`` once: the
+only point where the host waits for the device. Verification is captured per (bucket, hidden states wanted) and
+acceptance per (bucket, sampling settings), so a new temperature records a small graph, never the model again;
+both keys carry the addresses they recorded (the KV block, the noise ring), and a cache that grows drops them.
+
+A step the buckets cannot hold -- a tree past the largest bucket (run at its padded size, eagerly) or one whose
+padding would pass the reserved cache -- still takes the same route where it can; only a tree with no room left
+falls back to the eager verification and the host's acceptance (with the same noise, from the ring).
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+from typing import Callable
+
+import torch
+
+from graft_cli.core import defaults_for, Tree
+from graft_cli.runtime.device_accept import NoiseRing, accepted_rows, choose, compact
+from graft_cli.runtime.fixed_shapes import BUCKETS, StaticInputs, bucket, padded_forward
+from graft_cli.runtime.graphs import Capture, CudaCapture, Graphs
+from graft_cli.runtime.sampling import Noise, Sampling
+from graft_cli.runtime.target import PREFILL_CHUNK, DeviceStep, Forward, Layers, Progress, Target, input_device
+from graft_cli.runtime.verify import Accepted, accept
+
+SWITCH = ("auto", "on", "off")  # --graphs
+
+
+class FixedShapeTarget(Target):
+    """A :class:`Target` whose steps run at fixed shapes (``capture``: how a region is recorded; None runs every
+    region eagerly, as on a CPU)."""
+
+    def __init__(self, model: torch.nn.Module, chunk: int = PREFILL_CHUNK, progress: Progress | None = None,
+                 capture: Capture | None = None, buckets: tuple[int, ...] = BUCKETS) -> None:
+        super().__init__(model, chunk, progress)
+        self.cache.zeroed = True  # attention reads unfilled rows (masked): never garbage there
+        self.buckets = buckets
+        self.graphs = Graphs(capture)
+        self.inputs = {size: StaticInputs(size, self.device) for size in buckets}  # made once, written in place
+        self.layout: tuple[int, ...] = ()  # where the KV blocks are: part of every graph's key
+
+    def prefill(self, ids: list[int], hidden: bool = False, capacity: int | None = None, kept: int = 0) -> Forward:
+        out = super().prefill(ids, hidden, capacity, kept)
+        layout = tuple(block.data_ptr() for block in self._blocks())
+        if layout != self.layout:  # the cache grew: every graph recorded the old blocks
+            self.graphs.forget()
+            self.layout = layout
+        return out
+
+    def device_step(self, sampling: Sampling, noise: Noise | None) -> DeviceStep:
+        ring = None if noise is None else NoiseRing(noise, self.vocab_size, max(self.buckets) + 1)
+        return partial(self.step, sampling=sampling, ring=ring)
+
+    @torch.inference_mode()
+    def step(self, root: int, tree: Tree, hidden: bool, position: int, sampling: Sampling,
+             ring: NoiseRing | None) -> tuple[Forward, Accepted]:
+        """Verify ``root`` + ``tree`` and accept on the device; ``position``: the generated-token index the
+        root's row chooses (its noise row when sampling)."""
+        rows, past = len(tree) + 1, self.length
+        size = bucket(rows, self.buckets)
+        if past + size > self.cache.layers[0].keys.shape[2]:  # no room to pad: the eager step
+            return self._eager(root, tree, hidden, position, sampling, ring)
+        inputs = self.inputs.get(size) or self.inputs.setdefault(size, StaticInputs(size, self.device))
+        if ring is not None:
+            ring.fill(position, position + int(tree.depths().max()) + 1)
+        inputs.write(root, tree, past, position, ring.size if ring is not None else 1)
+        captured = size in self.buckets  # a tree past the largest bucket runs at its own size, eagerly
+        with self.kernels:  # set while a graph records: what it records is what replays
+            padded = self.graphs.run(("verify", size, hidden, self.layout) if captured else None,
+                                     partial(padded_forward, self.model, self.cache, self.cached, inputs, hidden))
+        noise = None if ring is None else ring.rows
+        packed = self.graphs.run(
+            ("accept", size, sampling, self.layout, None if noise is None else noise.data_ptr()) if captured else None,
+            partial(self._accept_region, inputs, padded.logits, sampling, noise))
+        read = packed.tolist()  # the step's one read: how many rows, the bonus token, the rows
+        count, bonus = read[0], read[1]
+        self.length = past + count
+        self.cache.settle(self.length)
+        states = Layers(padded.hidden, self.device, rows) if hidden else None
+        return Forward(padded.logits[:rows], states), Accepted([r - 1 for r in read[3 : 2 + count]], bonus)
+
+    def _accept_region(self, inputs: StaticInputs, logits: torch.Tensor, sampling: Sampling,
+                       noise: torch.Tensor | None) -> torch.Tensor:
+        """The target's choices, the accepted rows, and the cache compacted to them: what an acceptance graph
+        captures."""
+        rows = None if noise is None else noise.index_select(0, inputs.slots)
+        packed = accepted_rows(choose(logits, sampling, rows), inputs)
+        compact(self._blocks(), inputs, packed[2:])
+        return packed
+
+    def _eager(self, root: int, tree: Tree, hidden: bool, position: int, sampling: Sampling,
+               ring: NoiseRing | None) -> tuple[Forward, Accepted]:
+        out = self.verify(root, tree, hidden)
+        result = accept(tree, out.logits, sampling, ring, position)  # type: ignore[arg-type]  # the ring serves at()
+        self.keep(result.rows(), len(tree) + 1)
+        return out, result
+
+    def _blocks(self) -> list[torch.Tensor]:
+        """Every KV block of the cache (one shared block, and a layer's own where its keys did not fit it)."""
+        cache = self.cache
+        return [block for block in (cache.block, *(layer.own for layer in cache.layers)) if block is not None]
+
+
+def use_graphs(switch: str, device: object) -> bool:
+    """``--graphs``: ``auto`` is the device's default (on CUDA, off on a CPU, where padding costs real compute)."""
+    if switch not in SWITCH:
+        raise ValueError(f"--graphs must be one of {', '.join(SWITCH)}, not '{switch}'")
+    return defaults_for(device).graphs if switch == "auto" else switch == "on"
+
+
+def make_target(model: torch.nn.Module, switch: str = "auto", chunk: int = PREFILL_CHUNK,
+                progress: Progress | None = None, warn: Callable[[str], None] | None = None) -> Target:
+    """The target ``--graphs`` asks for: the fixed-shape path (captured as CUDA graphs on a GPU, eager on a CPU)
+    or the eager one. A model sharded over devices (``--device-map``) keeps the eager path, with a line saying so."""
+    device = input_device(model)
+    if not use_graphs(switch, device):
+        return Target(model, chunk, progress)
+    if len({p.device for p in model.parameters()}) > 1:
+        (warn or _stderr)("graft: --graphs: a model sharded over devices verifies on the eager path")
+        return Target(model, chunk, progress)
+    return FixedShapeTarget(model, chunk, progress, CudaCapture() if device.type == "cuda" else None)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)

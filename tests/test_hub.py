@@ -146,6 +146,17 @@ def test_a_download_is_announced_with_its_size_and_fetches_only_what_graft_reads
                                                                        "tokenizer_config.json"]}
 
 
+def test_a_draft_model_by_hub_id(cache, sources, capsys):
+    """``--draft ORG/NAME[@REVISION]`` names a draft model the same way (here: the other weights, at tag v1)."""
+    from tests.test_cli import run_main
+
+    args = ["generate", "--model", str(sources[0]), "--raw", "-p", "t1 t2 t3 t4", "-n", "10"]
+    code, plain, _ = run_main([*args, "--method", "ar"], capsys)
+    drafted_code, drafted, err = run_main([*args, "--method", "dense", "--draft", "org/tiny@v1"], capsys)
+    assert code == drafted_code == 0, err
+    assert drafted == plain and plain.split()
+
+
 @pytest.mark.parametrize("names, weights", [
     (["model.safetensors", "pytorch_model.bin"], ["model.safetensors"]),
     (["model.safetensors.index.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",

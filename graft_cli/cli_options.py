@@ -11,7 +11,7 @@ import typer
 from dataclasses import fields
 from typing import Any
 
-from graft_cli.core.defaults import MAX_LEVELS, both
+from graft_cli.core.defaults import CPU, CUDA, MAX_LEVELS, both
 from graft_cli.core.env import DraftSettings, Options
 from graft_cli.core.errors import GraftError
 from graft_cli.core.prune import DEFAULT_SCHEDULE
@@ -20,11 +20,11 @@ from graft_cli.method_config import ALIAS_HELP
 MODEL, SPECULATION, DEVICE = "Model", "Speculation", "Device"
 
 Model = Annotated[str, typer.Option(
-    "--model", "-m", rich_help_panel=MODEL, help="Target model: a catalog name, a Hugging Face model directory or a .gguf file.")]
+    "--model", "-m", rich_help_panel=MODEL, help="Target model: a catalog name (graft models list), a local model directory or .gguf file, or a Hugging Face id ORG/NAME[@REVISION].")]
 Draft = Annotated[Optional[str], typer.Option(
     "--draft", rich_help_panel=MODEL,
-    help="Draft model (catalog name or path), or KIND:SPEC of a drafter plugin (graft plugins list): eagle3:DIR|NAME "
-         "(graft heads list).")]
+    help="Draft model (catalog name, path or ORG/NAME), or KIND:SPEC of a drafter plugin (graft plugins list): "
+         "eagle3:DIR|NAME|ORG/NAME (graft heads list).")]
 Budget = Annotated[Optional[str], typer.Option(
     "--budget", rich_help_panel=SPECULATION,
     help=f"Verified tree nodes per step (default: {both('budget')}), or 'auto': measured on this device once, then "
@@ -61,6 +61,11 @@ DraftWeights = Annotated[Optional[str], typer.Option("--draft-weights", rich_hel
 RopeTheta = Annotated[Optional[float], typer.Option("--rope-theta", rich_help_panel=SPECULATION, help="RoPE base of an EAGLE-3 head (default: its config's, else 10000).")]
 AdjacencyFile = Annotated[Optional[str], typer.Option("--adjacency-file", rich_help_panel=SPECULATION, help="Keep the recycling adjacency table in FILE across runs (safetensors).")]
 Retrievers = Annotated[Optional[str], typer.Option("--retrievers", rich_help_panel=SPECULATION, help="Comma-separated retriever plugins.")]
+Graphs = Annotated[str, typer.Option(
+    "--graphs", rich_help_panel=DEVICE,
+    help="Verify at fixed shapes, each captured once as a CUDA graph (seconds at start-up): auto (on CUDA "
+         f"{'on' if CUDA.graphs else 'off'}, on CPU {'on' if CPU.graphs else 'off'}: there the padding costs real "
+         "compute), on or off. A shape whose capture fails runs eagerly.")]
 PrefillChunk = Annotated[int, typer.Option("--prefill-chunk", min=1, rich_help_panel=DEVICE, help="Prompt tokens per prefill forward (bounds the prefill's peak memory; a progress bar shows on a terminal when the prefill takes over 2 s).")]
 
 

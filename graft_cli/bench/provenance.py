@@ -19,6 +19,7 @@ from graft_cli.bench.options import BenchOptions
 from graft_cli.bench.workload import Workload
 from graft_cli.catalog.checksums import model_checksum
 from graft_cli.heads import resolve_head
+from graft_cli.heads.head import WEIGHT_FILES
 from graft_cli.runtime import token_ranking
 
 
@@ -39,7 +40,9 @@ def gather(opts: BenchOptions, workload: Workload, models: Models) -> Provenance
     ranking = token_ranking.ranking_path(models.target.tokenizer) if models.draft else None
     ranking_sha = file_sha256(ranking) if ranking is not None and ranking.is_file() else None
     if workload.draft_kind == "eagle3":
-        draft_checksum = file_sha256(resolve_head(workload.draft_spec) / "model.safetensors")
+        root = resolve_head(workload.draft_spec)
+        weights = next((root / name for name in WEIGHT_FILES if (root / name).is_file()), None)
+        draft_checksum = file_sha256(weights) if weights is not None else None
     return Provenance(model_checksum=checksum, draft_checksum=draft_checksum, token_ranking_sha=ranking_sha,
                       dataset_sha=file_sha256(workload.dataset), commit=git_commit(),
                       environment=environment(models.device))

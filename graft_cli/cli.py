@@ -20,6 +20,7 @@ from graft_cli.cli_heads import heads_app
 from graft_cli.cli_index import index_app
 from graft_cli.cli_models import models_app
 from graft_cli.cli_plugins import plugins_app
+from graft_cli.cli_responses import responses_app
 from graft_cli.cli_serve import serve
 from graft_cli.core import GraftError
 from graft_cli.core.version import __version__
@@ -39,6 +40,7 @@ app.add_typer(index_app, name="index", help="Build and manage on-disk token data
 app.add_typer(heads_app, name="heads", help="EAGLE-3 draft heads: train, list, evaluate, ship.")
 app.add_typer(models_app, name="models", help="The model catalog: list, pull, inspect and remove models.")
 app.add_typer(plugins_app, name="plugins", help="Retriever plugins discovered through entry points.")
+app.add_typer(responses_app, name="responses", help="The response cache kept on disk: inspect it or clear it.")
 
 
 def fail(message: str, code: int = 2) -> None:

@@ -64,7 +64,7 @@ def generate(
 ) -> None:
     """Generate text from a prompt, losslessly faster."""
     from graft_cli.api import open_generator
-    from graft_cli.method_config import MethodConfig, parse_budget
+    from graft_cli.method_config import MethodConfig, parse_budget, with_response_cache
     from graft_cli.prefill_bar import PrefillBar
 
     given = [x for x in (text, prompt, prompt_file) if x is not None]
@@ -81,6 +81,8 @@ def generate(
     options = retriever_options(retriever_opt, datastore, adjacency_file)
     config = MethodConfig(method, parse_budget(budget), retrievers.split(",") if retrievers else None, options, draft,
                           draft_settings(locals()), tree=tree)
+    if jsonl:  # a batch repeats itself: its answers are retrieved from (unless --retrievers says otherwise)
+        config = with_response_cache(config)
     settings = dict(system=system, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                     seed=seed if seed is not None else random.randrange(2**31), stop=stop, raw=raw,
                     truncate=truncate)  # one seed for the whole run: a batch's lines sample as they would alone

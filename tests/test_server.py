@@ -57,7 +57,7 @@ def stop(proc: subprocess.Popen) -> int:
 
 @pytest.fixture(scope="module")
 def server():
-    proc, url = start("--api-key", KEY, "--max-queue", "4", *os.environ.get("GRAFT_TEST_SERVE_FLAGS", "").split())
+    proc, url = start("--api-key", KEY, "--max-queue", "4")
     yield url
     assert stop(proc) == 0
 

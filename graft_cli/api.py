@@ -28,7 +28,8 @@ from graft_cli.runtime import decode
 from graft_cli.runtime.limits import parse_truncate
 from graft_cli.runtime.loading import Loaded, encode, load_model, parse_device_map, stop_ids
 from graft_cli.runtime.sampling import Sampling
-from graft_cli.runtime.target import Progress, Target
+from graft_cli.runtime.fixed_target import make_target, use_graphs
+from graft_cli.runtime.target import Progress
 
 Prompt = str | list[dict]
 
@@ -66,9 +67,9 @@ class Generator:
     """A loaded target and a method's proposer, for any number of generations, one at a time."""
 
     def __init__(self, loaded: Loaded, config: MethodConfig, prefill_chunk: int = 512,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, graphs: str = "auto") -> None:
         self.loaded, self.config = loaded, config
-        self.target = Target(loaded.model, prefill_chunk, progress)
+        self.target = make_target(loaded.model, graphs, prefill_chunk, progress)
         self.proposer = methods.build(config, loaded)
         _check_options(config.options, config.method)
         self.stop_ids = stop_ids(loaded)
@@ -242,22 +243,24 @@ def _check_options(options: Options, method: str) -> None:
 
 def open_generator(model: str, config: MethodConfig, device: str = "auto", dtype: str = "auto",
                    device_map: str | dict | None = None, prefill_chunk: int = 512,
-                   progress: Progress | None = None) -> Generator:
+                   progress: Progress | None = None, graphs: str = "auto") -> Generator:
     """A Generator for a method configuration: the configuration and its datastore checked before the model loads
-    (a wrong flag should not cost seconds)."""
+    (a wrong flag should not cost seconds). ``graphs``: auto, on or off (``--graphs``: the fixed-shape path)."""
     methods.check(config)
     methods.check_datastore(config)
+    use_graphs(graphs, "cpu")  # a bad value fails here, before the model loads
     loaded = load_model(model, device, dtype, parse_device_map(device_map))
-    return Generator(loaded, config, prefill_chunk, progress)
+    return Generator(loaded, config, prefill_chunk, progress, graphs)
 
 
 def load(model: str = DEFAULT_MODEL, *, method: str = "graft", draft: str | None = None,
          datastores: Sequence[str] = (), retrievers: Sequence[str] | None = None,
          retriever_options: dict[str, str] | None = None, budget: int | str | None = None, tree: str | None = None,
          device: str = "auto", dtype: str = "auto", device_map: str | dict | None = None, prefill_chunk: int = 512,
-         adjacency_file: str | None = None, **drafting: Any) -> Generator:
+         adjacency_file: str | None = None, graphs: str = "auto", **drafting: Any) -> Generator:
     """A model (catalog name, path, or hub id) and a method, ready to generate. ``drafting``: any
-    :class:`~graft_cli.core.DraftSettings` field (``depth``, ``draft_top_k``, ``prune_at``, ``chain``, ...)."""
+    :class:`~graft_cli.core.DraftSettings` field (``depth``, ``draft_top_k``, ``prune_at``, ``chain``, ...).
+    ``graphs``: ``on`` verifies at fixed shapes, captured as CUDA graphs on a GPU; ``auto``: on CUDA only."""
     options = Options(retriever_options or {})
     if len(datastores) > 1:
         raise GraftError("a Generator retrieves from one datastore (give one in datastores)")
@@ -271,4 +274,4 @@ def load(model: str = DEFAULT_MODEL, *, method: str = "graft", draft: str | None
         raise GraftError(f"load(): {e}") from None
     config = MethodConfig(method, parse_budget(budget), list(retrievers) if retrievers is not None else None,
                           options, draft, settings, tree=tree)
-    return open_generator(model, config, device, dtype, device_map, prefill_chunk)
+    return open_generator(model, config, device, dtype, device_map, prefill_chunk, graphs=graphs)

@@ -10,7 +10,8 @@ import typer
 
 from graft_cli.catalog.entries import DEFAULT_MODEL
 from graft_cli.cli_options import (
-    Budget, Datastore, Device, DeviceMap, Draft, Dtype, MaxNewTokens, Model, RetrieverOpt, Truncate, retriever_options,
+    Budget, Datastore, Device, DeviceMap, Draft, Dtype, Graphs, MaxNewTokens, Model, RetrieverOpt, Truncate,
+    retriever_options,
 )
 from graft_cli.core import GraftError
 
@@ -38,6 +39,7 @@ def bench(
     dtype: Dtype = "auto",
     device_map: DeviceMap = None,
     truncate: Truncate = None,
+    graphs: Graphs = "auto",
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice)."),
     out: Path = typer.Option(Path("bench-results"), "--out", "-o", help="Directory for results.json, answers/, runs.jsonl and plots."),
     shard: Optional[str] = typer.Option(None, "--shard", help="K/N: run only questions K, K+N, K+2N, ... (from 0), writing OUT/runs.K-of-N.jsonl; run the N shards side by side (one per core or GPU), then --report-only merges them."),
@@ -85,6 +87,7 @@ def bench(
         device_map=parse_device_map(device_map),
         truncate=parse_truncate(truncate),
         repeats=repeats,
+        graphs=graphs,
     )
     if threads is not None:
         import torch

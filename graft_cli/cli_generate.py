@@ -14,8 +14,8 @@ import typer
 from graft_cli.catalog.entries import DEFAULT_MODEL
 from graft_cli.cli_options import (
     AdjacencyFile, Budget, Chain, Datastore, Depth, Device, DeviceMap, Draft, DraftTopK, DraftVocab, DraftWeights,
-    DraftWindow, Dtype, MaxNewTokens, Method, Model, PrefillChunk, PruneAt, RetrieverOpt, Retrievers, RopeTheta,
-    TreeShape, Truncate, draft_settings, retriever_options,
+    DraftWindow, Dtype, Graphs, MaxNewTokens, Method, Model, PrefillChunk, PruneAt, RetrieverOpt, Retrievers,
+    RopeTheta, TreeShape, Truncate, draft_settings, retriever_options,
 )
 from graft_cli.core import GraftError
 
@@ -61,6 +61,7 @@ def generate(
     truncate: Truncate = None,
     stats: bool = typer.Option(False, "--stats", rich_help_panel=OUTPUT, help="Print decoding statistics to stderr."),
     prefill_chunk: PrefillChunk = 512,
+    graphs: Graphs = "auto",
 ) -> None:
     """Generate text from a prompt, losslessly faster."""
     from graft_cli.api import open_generator
@@ -86,7 +87,7 @@ def generate(
     settings = dict(system=system, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                     seed=seed if seed is not None else random.randrange(2**31), stop=stop, raw=raw,
                     truncate=truncate)  # one seed for the whole run: a batch's lines sample as they would alone
-    generator = open_generator(model, config, device, dtype, device_map, prefill_chunk, PrefillBar())
+    generator = open_generator(model, config, device, dtype, device_map, prefill_chunk, PrefillBar(), graphs)
     try:
         if jsonl:
             _run_jsonl(generator, lines, settings, stats)

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+import graft_cli
 from graft_cli import methods
 from graft_cli.bench.runners import shared_models
-from graft_cli.core import ROOT, Tree
+from graft_cli.core import GraftError, ROOT, Tree
 from graft_cli.drafting.proposer import GraftProposer
 from graft_cli.runtime.device_accept import NoiseRing, accepted_rows, choose
 from graft_cli.runtime.engine import decode
@@ -23,6 +24,7 @@ from graft_cli.runtime.sampling import Noise, Sampling, sample
 from graft_cli.runtime.target import Target
 from graft_cli.runtime.verify import accept
 from graft_cli.synthetic import OracleTreeProposer, method_configs, random_tree, synthetic_models, text_store
+from tests.bench_fixtures import run_cli
 from tests.test_device import Discipline
 from tests.tiny import VOCAB, tiny_model
 
@@ -195,5 +197,24 @@ def test_the_switch():
     model = tiny_model()
     assert type(make_target(model, "auto")) is Target  # a CPU pays for padding: off unless asked
     assert type(make_target(model, "on")) is FixedShapeTarget and type(make_target(model, "off")) is Target
-    with pytest.raises(ValueError):
+    with pytest.raises(GraftError):
         make_target(model, "maybe")
+
+
+def test_the_switch_in_the_api_and_the_command_line(synthetic, capsys):
+    loaded, configs = synthetic
+    folder = configs["graft"].draft
+    prompt = " ".join(f"t{t}" for t in prompts(1)[0])
+    texts = {}
+    for switch in ("on", "off"):
+        with graft_cli.load(folder, method="graft", device="cpu", graphs=switch) as generator:
+            assert isinstance(generator.target, FixedShapeTarget) == (switch == "on")
+            texts[switch] = generator.generate(prompt, max_new_tokens=20, raw=True, temperature=0.8, seed=3).text
+    assert texts["on"] == texts["off"]
+    code, out, _ = run_cli(["generate", prompt, "--model", folder, "--raw", "-n", "20", "--device", "cpu", "-t",
+                            "0.8", "--seed", "3", "--graphs", "on"], capsys)
+    assert code == 0 and out.removesuffix("\n") == texts["on"]
+    code, _, err = run_cli(["generate", prompt, "--model", folder, "--graphs", "maybe"], capsys)
+    assert code == 2 and "--graphs must be one of auto, on, off" in err
+    with pytest.raises(GraftError, match="--graphs"):
+        graft_cli.load(folder, graphs="sometimes")

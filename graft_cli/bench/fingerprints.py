@@ -14,6 +14,7 @@ from graft_cli.bench.options import BenchOptions
 from graft_cli.bench.plan import MethodSpec, uses_draft
 from graft_cli.bench.provenance import Provenance
 from graft_cli.method_config import drafting_for
+from graft_cli.runtime.fixed_target import use_graphs
 
 
 def fingerprint(parts: dict) -> str:
@@ -36,6 +37,8 @@ def _common(opts: BenchOptions, models: Models, provenance: Provenance) -> dict:
         common["truncate"] = opts.truncate
     if opts.repeats > 1:  # the fastest of several rounds is another figure than one round's
         common["repeats"] = opts.repeats
+    if use_graphs(opts.graphs, models.device):  # another execution of the same method; runs before were eager
+        common["graphs"] = True
     return common
 
 

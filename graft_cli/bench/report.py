@@ -17,6 +17,7 @@ from graft_cli.bench.results import RESULTS_SCHEMA, lean_record, per_question_se
 from graft_cli.bench.runs import question_key
 from graft_cli.bench.tables import lossless_line, table
 from graft_cli.core import defaults_for
+from graft_cli.runtime.fixed_target import use_graphs
 from graft_cli.runtime.lossless import describe
 from graft_cli.runtime.lossless import report as lossless_report
 
@@ -81,6 +82,7 @@ def run_config(prep: Prepared) -> dict:
         "dtype": models.dtype,
         "device_map": opts.device_map,
         "truncate": opts.truncate,
+        "graphs": use_graphs(opts.graphs, models.device),
         "sampling": "greedy",
         "warmup": opts.warmup,
         "interleaving": "question by question, method order rotating by one per question"

@@ -19,7 +19,8 @@ from graft_cli.method_config import MethodConfig
 from graft_cli.runtime import loading
 from graft_cli.runtime.attention_kernels import GroupedQueryAttention
 from graft_cli.runtime.engine import decode
-from graft_cli.runtime.lossless import MarginTarget
+from graft_cli.runtime.fixed_target import make_target
+from graft_cli.runtime.lossless import FixedMarginTarget, MarginTarget
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
 
@@ -242,7 +243,7 @@ def build_runners(specs: Sequence[MethodSpec], loaded: loading.Loaded, draft_loa
     """A runner per method spec; with ``all`` (not ``explicit``), engine methods that cannot be built here (a
     datastore or a draft model missing) are left out with a warning instead of failing the run."""
     stop = loading.stop_ids(loaded)
-    target = Target(loaded.model)
+    target = make_target(loaded.model, opts.graphs)
     columns = Columns([], [])
     for spec in specs:
         if spec.kind == "peer":
@@ -250,7 +251,7 @@ def build_runners(specs: Sequence[MethodSpec], loaded: loading.Loaded, draft_loa
         else:
             config = opts.method_config(spec)  # outside the try: a bad --method-opt fails the run, even with all
             try:
-                runner = _engine_runner(spec, config, loaded, target, stop)
+                runner = _engine_runner(spec, config, loaded, target, stop, opts.graphs)
             except GraftError as e:
                 if explicit or spec.method == "ar":
                     raise GraftError(f"method {spec.name}: {e}") from e
@@ -275,10 +276,12 @@ def _peer_runner(spec: MethodSpec, loaded: loading.Loaded, draft_loaded: loading
 
 
 def _engine_runner(spec: MethodSpec, config: MethodConfig, loaded: loading.Loaded, target: Target,
-                   stop: set[int]) -> EngineRunner:
+                   stop: set[int], graphs: str = "auto") -> EngineRunner:
     """An engine method as a column, its proposer built now (a GraftError when it cannot be built here)."""
     # plain decoding records its margins: what tells a floating-point tie from a real difference
-    runner_target = MarginTarget(loaded.model) if spec.method == "ar" else target
+    runner_target = target
+    if spec.method == "ar":
+        runner_target = make_target(loaded.model, graphs, eager=MarginTarget, fixed=FixedMarginTarget)
     return EngineRunner(spec.name, runner_target, lambda: methods.build(config, loaded), stop, loaded.device)
 
 

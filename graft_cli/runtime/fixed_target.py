@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import sys
 from functools import partial
-from typing import Callable
-
 import torch
 
-from graft_cli.core import defaults_for, Tree
+from graft_cli.core import defaults_for, GraftError, Tree
 from graft_cli.runtime.device_accept import NoiseRing, accepted_rows, choose, compact
 from graft_cli.runtime.fixed_shapes import BUCKETS, StaticInputs, bucket, padded_forward
 from graft_cli.runtime.graphs import Capture, CudaCapture, Graphs
@@ -110,22 +108,20 @@ class FixedShapeTarget(Target):
 def use_graphs(switch: str, device: object) -> bool:
     """``--graphs``: ``auto`` is the device's default (on CUDA, off on a CPU, where padding costs real compute)."""
     if switch not in SWITCH:
-        raise ValueError(f"--graphs must be one of {', '.join(SWITCH)}, not '{switch}'")
+        raise GraftError(f"--graphs must be one of {', '.join(SWITCH)}, not '{switch}'")
     return defaults_for(device).graphs if switch == "auto" else switch == "on"
 
 
 def make_target(model: torch.nn.Module, switch: str = "auto", chunk: int = PREFILL_CHUNK,
-                progress: Progress | None = None, warn: Callable[[str], None] | None = None) -> Target:
+                progress: Progress | None = None, eager: type[Target] = Target,
+                fixed: type[FixedShapeTarget] = FixedShapeTarget) -> Target:
     """The target ``--graphs`` asks for: the fixed-shape path (captured as CUDA graphs on a GPU, eager on a CPU)
-    or the eager one. A model sharded over devices (``--device-map``) keeps the eager path, with a line saying so."""
+    or the eager one (``eager`` and ``fixed``: the classes, for a subclass that records more). A model sharded
+    over devices (``--device-map``) keeps the eager path, with a line saying so."""
     device = input_device(model)
     if not use_graphs(switch, device):
-        return Target(model, chunk, progress)
+        return eager(model, chunk, progress)
     if len({p.device for p in model.parameters()}) > 1:
-        (warn or _stderr)("graft: --graphs: a model sharded over devices verifies on the eager path")
-        return Target(model, chunk, progress)
-    return FixedShapeTarget(model, chunk, progress, CudaCapture() if device.type == "cuda" else None)
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr)
+        print("graft: --graphs: a model sharded over devices verifies on the eager path", file=sys.stderr)
+        return eager(model, chunk, progress)
+    return fixed(model, chunk, progress, CudaCapture() if device.type == "cuda" else None)

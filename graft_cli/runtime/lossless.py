@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
-from graft_cli.runtime.target import Forward, Target
+from graft_cli.runtime.fixed_target import FixedShapeTarget
+from graft_cli.runtime.sampling import Noise, Sampling
+from graft_cli.runtime.target import DeviceStep, Forward, Target
+from graft_cli.runtime.verify import Accepted
 from graft_cli.core import Tree
 
 TIE_TOLERANCE = {"float32": 1e-3, "float16": 0.25, "bfloat16": 1.5}
@@ -62,8 +65,8 @@ class MarginTarget(Target):
     logits: kept on the device and read back once per generation (:meth:`margins`), so it costs one top-k per
     step and no synchronisation."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__(model)
+    def __init__(self, model: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+        super().__init__(model, *args, **kwargs)
         self._margins: list[torch.Tensor] = []
 
     def prefill(self, ids: list[int], hidden: bool = False, capacity: int | None = None) -> Forward:
@@ -76,9 +79,25 @@ class MarginTarget(Target):
         self._margins.append(_margin(out.logits[0]))  # the root's row: the next token of plain decoding
         return out
 
+    def device_step(self, sampling: Sampling, noise: Noise | None) -> DeviceStep | None:
+        """The fixed-shape path's step, keeping the root row's margin as :meth:`verify` does."""
+        inner = super().device_step(sampling, noise)
+        if inner is None:
+            return None
+
+        def step(root: int, tree: Tree, hidden: bool, position: int) -> tuple[Forward, Accepted]:
+            out, result = inner(root, tree, hidden, position)
+            self._margins.append(_margin(out.logits[0]))
+            return out, result
+        return step
+
     def margins(self) -> list[float]:
         """The margin of each generated token so far (one read from the device)."""
         return [round(m, 5) for m in torch.stack(self._margins).tolist()] if self._margins else []
+
+
+class FixedMarginTarget(MarginTarget, FixedShapeTarget):
+    """Plain decoding's margins on the fixed-shape path (``graft bench --graphs on``: ar runs there too)."""
 
 
 def _margin(logits: torch.Tensor) -> torch.Tensor:

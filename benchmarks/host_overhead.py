@@ -53,6 +53,7 @@ way). ``measure()`` is what ``benchmarks/gpu_check.py`` calls for its host row.
     python benchmarks/host_overhead.py --drafter eagle3 --threads 1
     python benchmarks/host_overhead.py --drafter none --threads 1
     python benchmarks/host_overhead.py --cold-caches
+    python benchmarks/host_overhead.py --drafter eagle3 --threads 1 --fixed-shapes   # the fixed-shape path, eagerly
 
 The suffix-array store is built once from one Alpaca-Eval output file (``$GRAFT_HOME/datastores/host-overhead``);
 the EAGLE-3 head has random weights (written to a temporary directory), scaled so that its distributions are
@@ -90,6 +91,7 @@ from graft_cli.runtime import engine
 from graft_cli.runtime.kv_cache import PositionLayer
 from graft_cli.runtime.loading import encode, load_model, stop_ids
 from graft_cli.runtime.sampling import Sampling
+from graft_cli.runtime.fixed_target import FixedShapeTarget
 from graft_cli.runtime.target import Target
 
 from phases import DEVICE, FORWARD, Phases
@@ -162,9 +164,16 @@ def _unwrap_forward(module: torch.nn.Module) -> None:
 
 
 def instrument_target(phases: Phases, replay: Replay, target: Target) -> None:
-    """Wrap the engine's phase boundaries and the target's forward."""
+    """Wrap the engine's phase boundaries and the target's forward. On the fixed-shape path a step is one call:
+    writing the static inputs is ``mask``, the rest of it (the acceptance region, compaction, the one read)
+    ``accept``."""
     wrap = phases.wrap
     _wrap_forward(target.model, lambda own: wrap(FORWARD, replay.wrap(own, True, target.cache)))
+    if isinstance(target, FixedShapeTarget):
+        target.step = wrap("accept", target.step)
+        for inputs in target.inputs.values():
+            inputs.write = wrap("mask", inputs.write)
+        return
     target.verify = wrap("mask", target.verify)
     target.keep = wrap("keep", target.keep)
     engine.accept = wrap("accept", engine.accept)
@@ -249,7 +258,7 @@ CLOCKED = (engine, stopwatch, proposers, cost_aware, drafters, draft_model)  # t
 
 def measure(loaded, prompts: list[list[int]], config: MethodConfig, max_new_tokens: int = 64, repeat: int = 3,
             in_run: bool = False, target_ms: float = 9.0, draft_share: float = 0.35, read_per_level: bool = False,
-            clock: Callable[[], float] = thread_time, write_kv: bool = False) -> Measured:
+            clock: Callable[[], float] = thread_time, write_kv: bool = False, fixed: bool = False) -> Measured:
     """Decode ``prompts`` with ``config`` at the CUDA defaults' latency curve, once for the record and then
     ``repeat`` replays (or, ``in_run``, the record pass timed itself); the quietest timed pass. The patches it
     makes (clocks, the cache's update, ``engine.accept``, the models' forwards) are undone on return."""
@@ -258,7 +267,7 @@ def measure(loaded, prompts: list[list[int]], config: MethodConfig, max_new_toke
     wrapped = [loaded.model]  # models whose forward is wrapped on the instance
     try:
         _profiled(loaded)
-        target = Target(loaded.model)
+        target = FixedShapeTarget(loaded.model) if fixed else Target(loaded.model)
         phases = Phases(clock)
         replay = Replay(target_ms / 1e3, draft_share, write_kv)
         instrument_target(phases, replay, target)
@@ -353,6 +362,9 @@ def main() -> int:
                     help="time the forwards' own pass (they run inline, as on this CPU) instead of the replay")
     ap.add_argument("--cold-caches", action="store_true",
                     help="only time a piece of host code on warm caches and right after a big matmul, and exit")
+    ap.add_argument("--fixed-shapes", action="store_true",
+                    help="the fixed-shape path (graft_cli/runtime/fixed_target.py), run eagerly: padded verification, "
+                         "acceptance and compaction on the device, one read")
     ap.add_argument("--write-kv", action="store_true",
                     help="play the forwards' cache writes back as zeros in host memory (their traffic evicts the "
                          "host code's caches, which a GPU's writes do not), not only as rows")
@@ -388,11 +400,13 @@ def main() -> int:
     config = MethodConfig(args.method, budget=args.budget, retrievers=retrievers, options=options, draft=draft, drafting=DraftSettings(depth=args.depth, draft_top_k=args.draft_top_k, prune_at=args.prune_at if args.method != "dense" else None))
     share = args.draft_share if args.draft_share is not None else (0.1 if args.drafter == "eagle3" else 0.35)
     m = measure(loaded, prompts, config, args.max_new_tokens, args.repeat, args.in_run, args.target_ms, share,
-                args.read_per_level, thread_time if args.clock == "cpu" else perf_counter, args.write_kv)
+                args.read_per_level, thread_time if args.clock == "cpu" else perf_counter, args.write_kv,
+                args.fixed_shapes)
     tmp.cleanup()
     kv = "as zeros in host memory" if args.write_kv else "as rows"
     print(f"{args.model}, method {args.method}, drafter {args.drafter}{' ' + draft if draft else ''}, "
           f"budget {args.budget}, depth {args.depth}, draft top-k {args.draft_top_k}, retrievers {args.retrievers}; "
+          f"{'the fixed-shape path (eager), ' if args.fixed_shapes else ''}"
           f"{len(prompts)} Spec-Bench prompts ({args.categories}), {m.tokens} tokens in {m.steps} steps "
           f"(tau {m.tokens / max(m.steps, 1):.2f}; {len(m.levels)} drafts of "
           f"{np.mean(m.levels) if m.levels else 0:.1f} levels), threads {args.threads}, {args.clock} clock, "

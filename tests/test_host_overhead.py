@@ -33,3 +33,17 @@ def test_a_replay_advances_the_caches_rows_without_moving_keys(tmp_path, monkeyp
     runs = [host_overhead.measure(loaded, [[5, 6, 7, 8, 5, 6, 7]], config, max_new_tokens=12, repeat=1,
                                   write_kv=write) for write in (False, True)]
     assert runs[0].steps == runs[1].steps > 0 and runs[0].tokens == runs[1].tokens
+
+
+def test_the_fixed_shape_path_replays_with_one_read_from_the_target(tmp_path, monkeypatch):
+    """``--fixed-shapes``: the same decoding (measure checks the tokens), the target's share of a step one read."""
+    monkeypatch.setenv("GRAFT_HOME", str(tmp_path / "home"))
+    gpu_check = load_script("gpu_check")
+    import host_overhead
+    target_dir, _ = gpu_check.synthetic_dirs(tmp_path, gpu_check.SMOKE)
+    loaded = load_model(str(target_dir), "cpu", "float32")
+    config = MethodConfig("graft", budget=60, retrievers=["prompt"])
+    runs = [host_overhead.measure(loaded, [[5, 6, 7, 8, 5, 6, 7]], config, max_new_tokens=16, repeat=1, fixed=fixed)
+            for fixed in (False, True)]
+    assert runs[0].tokens == runs[1].tokens and runs[0].steps == runs[1].steps > 0
+    assert runs[1].reads["accept"] == runs[1].steps and runs[1].reads["mask"] == runs[1].reads["keep"] == 0

@@ -1,0 +1,131 @@
+"""Capture safety without a GPU: every region the fixed-shape path captures runs under
+``torch.compile(backend=..., fullgraph=True, dynamic=False)`` -- which fails on ``.item()``, ``.tolist()``, boolean
+indexing and data-dependent control flow, exactly what would break a CUDA graph or re-record it -- and a recompile
+while replaying (a Python int that changed, a shape that moved) is an error. And a capture that fails falls back
+to the eager path, with one line on stderr and the same tokens."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+import torch._dynamo
+
+from graft_cli.core import Stats
+from graft_cli.drafting.proposer import GraftProposer
+from graft_cli.runtime.engine import decode
+from graft_cli.runtime.fixed_shapes import Padded
+from graft_cli.runtime.fixed_target import FixedShapeTarget
+from graft_cli.runtime.graphs import Graphs
+from graft_cli.runtime.sampling import Sampling
+from graft_cli.runtime.target import Target
+from graft_cli.synthetic import OracleTreeProposer
+from tests.tiny import VOCAB, tiny_model
+
+SAMPLINGS = {"greedy": Sampling(), "sampled": Sampling(temperature=0.8, top_k=8, top_p=0.95)}
+
+
+class CompiledCapture:
+    """A capture a CPU can make: the region compiled whole by dynamo at static shapes. Like a CUDA graph, the
+    capture's outputs are the region's outputs for good: each replay runs the compiled region and copies what it
+    returns into them (the capture's own run stands in for the first replay). A compile during a replay -- a
+    guard that failed, i.e. a recompile -- raises."""
+
+    def __init__(self) -> None:
+        self.compiles, self.replays, self.replaying = 0, 0, False
+
+    def backend(self, graph: torch.fx.GraphModule, example_inputs) -> object:
+        if self.replaying:
+            raise AssertionError("a captured region recompiled while replaying")
+        self.compiles += 1
+        return graph.forward
+
+    def __call__(self, region):
+        compiled = torch.compile(region, backend=self.backend, fullgraph=True, dynamic=False)
+        out = compiled()
+        pending = [True]  # the capture ran the region: its first replay has nothing left to do
+
+        def replay() -> None:
+            if pending.pop() if pending else False:
+                return
+            self.replaying, self.replays = True, self.replays + 1
+            try:
+                into(out, compiled())
+            finally:
+                self.replaying = False
+        return replay, out
+
+
+def into(static, new) -> None:
+    """Copy a region's fresh outputs into its static ones."""
+    if isinstance(static, Padded):
+        static.logits.copy_(new.logits)
+        for mine, theirs in zip(static.hidden or (), new.hidden or ()):
+            mine.copy_(theirs)
+    else:
+        static.copy_(new)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(cache_size_limit=64, accumulated_cache_size_limit=256):
+        yield
+    torch._dynamo.reset()
+
+
+def decoded(target: Target, proposer, prompt: list[int], sampling: Sampling, n: int,
+            stats: Stats | None = None) -> list[int]:
+    return [t for step in decode(target, proposer, prompt, sampling, n, set(), 11, stats) for t in step]
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
+def test_verification_and_acceptance_compile_whole_and_never_recompile(sampling):
+    """Over changing trees (every bucket but the largest) and a growing cache, each region compiles once per key;
+    the replays give plain decoding's tokens."""
+    model = tiny_model("qwen2", seed=8)
+    prompt = np.random.default_rng(8).integers(0, VOCAB, 20).tolist()
+    truth = decoded(Target(model), GraftProposer(0), prompt, sampling, 90)
+    capture = CompiledCapture()
+    target = FixedShapeTarget(model, capture=capture)
+    target.graphs.warmup = 1
+    stats = Stats()
+    got = decoded(target, OracleTreeProposer(truth, len(prompt), 5), prompt, sampling, 90, stats)
+    assert got == truth and stats.steps >= 20
+    keys = target.graphs.captured
+    assert capture.compiles == len(keys) and len({key[:2] for key in keys}) >= 4  # verify + accept, 2+ buckets
+    assert capture.replays >= 20
+
+
+def test_a_capture_that_fails_runs_eagerly_with_one_line(capsys):
+    model = tiny_model(seed=9)
+    prompt = np.random.default_rng(9).integers(0, VOCAB, 16).tolist()
+    truth = decoded(Target(model), GraftProposer(0), prompt, Sampling(), 60)
+
+    def failing(region):
+        raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
+
+    target = FixedShapeTarget(model, capture=failing)
+    assert decoded(target, OracleTreeProposer(truth, len(prompt), 6), prompt, Sampling(), 60) == truth
+    lines = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert len(lines) == len(target.graphs.failed) > 0 and not target.graphs.captured
+    assert all(line.startswith("graft: ") and "runs eagerly" in line and "more detail" not in line for line in lines)
+
+
+def test_graphs_warm_up_then_capture_once_and_forget_when_memory_moves():
+    calls, captures = Counter(), []
+
+    def capture(region):
+        captures.append(region)
+        return (lambda: calls.update(["replay"])), region()
+
+    graphs = Graphs(capture, warmup=2)
+    for _ in range(5):
+        graphs.run("key", lambda: calls.update(["eager"]))
+    assert calls == {"eager": 3, "replay": 3} and len(captures) == 1  # 2 warm-ups, the capture's run, 3 replays
+    graphs.forget()
+    graphs.run("key", lambda: calls.update(["eager"]))
+    assert calls["eager"] == 4 and not graphs.captured
+    assert graphs.run(None, lambda: "eager") == "eager"

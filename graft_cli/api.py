@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 from graft_cli import methods
 from graft_cli.catalog.entries import DEFAULT_MODEL
 from graft_cli.core import DraftSettings, GraftError, Options, Stats
+from graft_cli.drafting import match_target
 from graft_cli.method_config import MethodConfig, parse_budget, tree_reach
 from graft_cli.runtime import decode
 from graft_cli.runtime.limits import parse_truncate
@@ -70,7 +71,7 @@ class Generator:
                  progress: Progress | None = None, graphs: str = "auto") -> None:
         self.loaded, self.config = loaded, config
         self.target = make_target(loaded.model, graphs, prefill_chunk, progress)
-        self.proposer = methods.build(config, loaded)
+        self.proposer = match_target(methods.build(config, loaded), self.target)
         _check_options(config.options, config.method)
         self.stop_ids = stop_ids(loaded)
         self.reach = tree_reach(config, loaded.device)  # the tree room a request must leave below the model's limits

@@ -34,6 +34,7 @@ CPU the draft model's own prefill of the whole prompt delays the first token by 
 from __future__ import annotations
 
 import sys
+from functools import partial
 from time import perf_counter
 from typing import Any, Sequence
 
@@ -41,9 +42,10 @@ import numpy as np
 import torch
 
 from graft_cli.core import defaults_for, DrafterEnv, GraftError, PruneSchedule, Step
-from graft_cli.drafting import TreeDrafter, positions
+from graft_cli.drafting import FixedLevels, TreeDrafter, model_level, positions
 from graft_cli.runtime import (
-    CpuLinear, HalfLinear, Target, half_available, half_copy, loading, on, to_half, token_ranking, use_cpu_linears,
+    Capture, CpuLinear, HalfLinear, Target, half_available, half_copy, loading, on, to_half, token_ranking,
+    use_cpu_linears,
 )
 
 
@@ -122,16 +124,34 @@ class DraftCache(Target):
         inputs = dict(input_ids=on(tokens, device)[None], position_ids=on(positions, device)[None],
                       attention_mask=mask, **self.cached, use_cache=True, visible=past - tree_rows)
         with self.kernels:
-            if self.head is None:
-                logits = self.model(**inputs, logits_to_keep=last).logits[0]
-            else:
-                hidden = self.model.get_decoder()(**inputs).last_hidden_state[0]
-                rows = hidden[-last:] if last else hidden
-                logits = self.head(rows)
-                if self.extra is not None:
-                    logits = torch.cat([logits, self.extra(rows)], dim=-1)
+            logits = self.logits(inputs, last)
         self.length = past + tokens.shape[0]
         return logits
+
+    def logits(self, inputs: dict, last: int = 0) -> torch.Tensor:
+        """The model run on a forward's keyword arguments: logits of every row, or of the ``last`` rows (through
+        the reduced head and the request's own columns when there are)."""
+        if self.head is None:
+            return self.model(**inputs, logits_to_keep=last).logits[0]
+        hidden = self.model.get_decoder()(**inputs).last_hidden_state[0]
+        rows = hidden[-last:] if last else hidden
+        logits = self.head(rows)
+        return logits if self.extra is None else torch.cat([logits, self.extra(rows)], dim=-1)
+
+    @torch.inference_mode()
+    def fixed_level(self, levels: FixedLevels, tokens: torch.Tensor, positions: torch.Tensor, tree_rows: int,
+                    mask: torch.Tensor) -> torch.Tensor:
+        """A tree level at a fixed shape over the whole cache (graft_cli/drafting/fixed_levels.py): the logits of
+        its rows; the cache counts them itself, as :meth:`feed` does."""
+        n = tokens.shape[0]
+        inputs = levels.prepare(self.cache, tokens, positions, self.length - tree_rows, tree_rows, mask)
+        extra = None if self.extra is None else self.extra.weight.data_ptr()  # a request's own columns
+        with self.kernels:
+            logits = levels.run("draft level", self.cache, inputs, partial(model_level, self, inputs, self.logits),
+                                extra)
+        self.length += n
+        self.cache.settle(self.length)
+        return logits[:n]
 
 
 def default_vocab(asked: int | None, ranking: token_ranking.Ranking | None, device: str) -> int:
@@ -244,9 +264,16 @@ class DraftModelDrafter(TreeDrafter):
         self.root_position = end - 1
         return self._logp(logits)
 
+    def fix_levels(self, capture: Capture | None) -> bool:
+        self.fixed = FixedLevels(capture, self.top_k, self.cache.device)
+        self.cache.cache.zeroed = True  # levels read the whole cache, unfilled rows masked
+        return True
+
     def _grow(self, tokens: torch.Tensor, states: Any, depth: int | torch.Tensor,
               mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
         at = positions(self.root_position, depth, tokens.shape[0], tokens.device)
+        if self.fixed is not None:
+            return self._logp(self.cache.fixed_level(self.fixed, tokens, at, self.tree_rows, mask)), None
         logits = self.cache.feed(tokens, at, mask, self.tree_rows)
         return self._logp(logits), None
 

@@ -6,13 +6,15 @@ tokens are fed again with the target's real features, as EAGLE does.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Sequence
 
 import torch
 
 from graft_cli.core import DrafterEnv, GraftError, PruneSchedule, Step
-from graft_cli.drafting import TreeDrafter, positions
+from graft_cli.drafting import FixedLevels, TreeDrafter, head_level, kernels_outside, positions
 from graft_cli.heads import Eagle3Head, head_layers, load_head
+from graft_cli.runtime import Capture
 
 
 class Eagle3Drafter(TreeDrafter):
@@ -69,10 +71,22 @@ class Eagle3Drafter(TreeDrafter):
         self.next_position = past + n  # where the root's children sit
         return head.logp(out[-1]), out[-1:]
 
+    def fix_levels(self, capture: Capture | None) -> bool:
+        self.fixed = FixedLevels(capture, self.top_k, self.head.device)
+        self.head.cache.zeroed = True  # levels read the head's whole cache, unfilled rows masked
+        return True
+
     def _grow(self, tokens: torch.Tensor, states: Any, depth: int | torch.Tensor,
               mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
         n = tokens.shape[0]
         at = positions(self.next_position - 1, depth, n, mask.device)
+        if self.fixed is not None:  # the head's whole cache, static buffers, a captured graph on a GPU
+            inputs = self.fixed.prepare(self.head.cache, tokens, at, self.committed, self.tree_rows, mask)
+            static = self.fixed.states_for(states, inputs.rows)
+            with kernels_outside(self.head):
+                logp, out = self.fixed.run("head level", self.head.cache, inputs,
+                                           partial(head_level, self.head, inputs, static))
+            return logp[:n], out[:n]
         allowed = torch.cat([torch.ones((n, self.committed), dtype=torch.bool, device=mask.device), mask], dim=1)
         out = self.head.forward(tokens, states, at, allowed)
         return self.head.logp(out), out

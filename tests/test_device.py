@@ -42,7 +42,7 @@ HOT_PATH = [
     "graft_cli/drafting/tree_drafter.py", "graft_cli/drafting/pool.py", "graft_cli/drafting/stop.py", "plugins/draft_model.py",
     "plugins/eagle3.py", "plugins/adjacency.py", "plugins/prompt_lookup.py", "plugins/store.py",
     "graft_cli/runtime/fixed_shapes.py", "graft_cli/runtime/device_accept.py", "graft_cli/runtime/fixed_target.py",
-    "graft_cli/runtime/graphs.py",
+    "graft_cli/runtime/graphs.py", "graft_cli/drafting/fixed_levels.py",
 ]
 DYNAMIC_SCOPE = ("graft_cli/drafting/", "plugins/draft_model.py", "plugins/eagle3.py")  # files whose calls the dynamic check holds to the rules
 FACTORIES = {"tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "empty_strided", "arange",

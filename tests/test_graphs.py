@@ -13,8 +13,10 @@ import pytest
 import torch
 import torch._dynamo
 
-from graft_cli.core import Stats
+from graft_cli.core import PruneSchedule, Stats
+from graft_cli.drafting import CostAwareProposer, LatencyModel, Objective, match_target
 from graft_cli.drafting.proposer import GraftProposer
+from graft_cli.heads import load_head
 from graft_cli.runtime.engine import decode
 from graft_cli.runtime.fixed_shapes import Padded
 from graft_cli.runtime.fixed_target import FixedShapeTarget
@@ -22,6 +24,10 @@ from graft_cli.runtime.graphs import Graphs
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
 from graft_cli.synthetic import OracleTreeProposer
+from plugins.eagle3 import Eagle3Drafter
+from plugins.prompt_lookup import PromptLookup
+from tests.test_device import draft_model_proposer
+from tests.test_eagle3 import target_model, write_head
 from tests.tiny import VOCAB, tiny_model
 
 SAMPLINGS = {"greedy": Sampling(), "sampled": Sampling(temperature=0.8, top_k=8, top_p=0.95)}
@@ -61,8 +67,9 @@ class CompiledCapture:
 def into(static, new) -> None:
     """Copy a region's fresh outputs into its static ones."""
     if isinstance(static, Padded):
-        static.logits.copy_(new.logits)
-        for mine, theirs in zip(static.hidden or (), new.hidden or ()):
+        into((static.logits, *(static.hidden or ())), (new.logits, *(new.hidden or ())))
+    elif isinstance(static, tuple):
+        for mine, theirs in zip(static, new):
             mine.copy_(theirs)
     else:
         static.copy_(new)
@@ -129,3 +136,38 @@ def test_graphs_warm_up_then_capture_once_and_forget_when_memory_moves():
     graphs.run("key", lambda: calls.update(["eager"]))
     assert calls["eager"] == 4 and not graphs.captured
     assert graphs.run(None, lambda: "eager") == "eager"
+
+
+def eagle3_proposer(root, target, cost_aware: bool) -> GraftProposer:
+    """A random head drafting for ``target``: dense levels, or the cost-aware builder (planned, as on a GPU),
+    whose first level checks a retrieved chain through the head's levels."""
+    head = load_head(str(write_head(root, target, seed=1)), target)
+    if not cost_aware:
+        drafter = Eagle3Drafter(head, target, depth=4, top_k=3, prune=PruneSchedule.parse("0:0.3,1:0.2", floor=0.02))
+        return GraftProposer(12, [PromptLookup()], drafter=drafter)
+    objective = Objective(LatencyModel.default("cpu"), max_levels=5, planned=True)
+    return CostAwareProposer(16, [PromptLookup()], Eagle3Drafter(head, target, depth=5, top_k=3),
+                             objective.latency, objective)
+
+
+@pytest.mark.parametrize("drafter", ["head", "head cost-aware", "draft model"])
+def test_draft_levels_compile_whole_and_never_recompile(tmp_path, drafter):
+    """The drafter's levels (an EAGLE-3 head's or a draft model's) and the target's regions, over 40 tokens of
+    changing trees: each compiles once per key, and decoding gives the eager path's tokens."""
+    if drafter == "draft model":
+        model, build = tiny_model(seed=1), lambda: draft_model_proposer("pruned", budget=12, depth=4, top_k=3)
+    else:
+        model = target_model(seed=2)
+        build = lambda: eagle3_proposer(tmp_path / "head", model, cost_aware=drafter.endswith("cost-aware"))  # noqa: E731
+    prompt = np.random.default_rng(10).integers(0, VOCAB, 24).tolist()
+    prompt += prompt[:12]  # something for prompt lookup to find
+    truth = decoded(Target(model), build(), prompt, Sampling(), 40)
+    capture = CompiledCapture()
+    target = FixedShapeTarget(model, capture=capture)
+    proposer = match_target(build(), target)
+    drafter_graphs = proposer.drafter.fixed.graphs
+    target.graphs.warmup = drafter_graphs.warmup = 1
+    assert decoded(target, proposer, prompt, Sampling(), 40) == truth
+    levels = [key for key in drafter_graphs.captured if key[0].endswith("level")]
+    assert levels and capture.compiles == len(target.graphs.captured) + len(drafter_graphs.captured)
+    assert capture.replays >= 10

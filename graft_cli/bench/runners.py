@@ -15,6 +15,7 @@ from graft_cli import methods
 from graft_cli.bench.options import BenchOptions
 from graft_cli.bench.plan import MethodSpec
 from graft_cli.core import GraftError, Proposer, Stats, device_kind
+from graft_cli.drafting import match_target
 from graft_cli.method_config import MethodConfig
 from graft_cli.runtime import loading
 from graft_cli.runtime.attention_kernels import GroupedQueryAttention
@@ -282,7 +283,8 @@ def _engine_runner(spec: MethodSpec, config: MethodConfig, loaded: loading.Loade
     runner_target = target
     if spec.method == "ar":
         runner_target = make_target(loaded.model, graphs, eager=MarginTarget, fixed=FixedMarginTarget)
-    return EngineRunner(spec.name, runner_target, lambda: methods.build(config, loaded), stop, loaded.device)
+    return EngineRunner(spec.name, runner_target, lambda: match_target(methods.build(config, loaded), runner_target),
+                        stop, loaded.device)
 
 
 def weights_dtype(loaded: loading.Loaded) -> str:

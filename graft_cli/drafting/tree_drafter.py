@@ -27,10 +27,12 @@ from typing import Any, Callable, Sequence
 import torch
 
 
+from graft_cli.drafting.fixed_levels import FixedLevels
 from graft_cli.drafting.objective import Objective
 from graft_cli.drafting.pool import Frontier, Pool
 from graft_cli.drafting.stop import ChainThreshold, Checkpoints, PerLevel, Planned, StopPolicy
 from graft_cli.core import best_first, Checkpoint, PruneSchedule, ROOT, Stats, Step, Tree
+from graft_cli.runtime.graphs import Capture
 
 SOURCE = "draft"
 
@@ -53,6 +55,7 @@ class TreeDrafter:
         self._candidates: Pool | None = None  # the last draft's pool, on the device
         self._pool: Tree | None = None  # ... as a Tree, read back only when asked for
         self._fed_children: dict[tuple[int, int], int] = {}  # (parent, token) -> fed pool node
+        self.fixed: FixedLevels | None = None  # set: every tree level runs at a fixed shape (fixed_levels.py)
 
     # --- what subclasses provide ----------------------------------------------------------------------------
     def _root(self, context: Sequence[int]) -> tuple[torch.Tensor, Any]:
@@ -94,6 +97,11 @@ class TreeDrafter:
     def _drop_tree(self, keep_rows: list[int]) -> None:
         """Remove the tree block from the cache, keeping ``keep_rows`` of it (accepted, in order) as context."""
         raise NotImplementedError
+
+    def fix_levels(self, capture: Capture | None) -> bool:
+        """Run every tree level at a fixed shape, captured by ``capture`` (graft_cli/drafting/fixed_levels.py);
+        whether this drafter can (a subclass that can says so)."""
+        return False
 
     # --- the protocol -------------------------------------------------------------------------------------------
     def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:

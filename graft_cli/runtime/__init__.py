@@ -7,10 +7,11 @@ Public names a drafter plugin builds on: ``Target`` (a model's prefill, tree for
 from graft_cli.runtime import loading, token_ranking
 from graft_cli.runtime.cpu_linear import CpuLinear, use_cpu_linears
 from graft_cli.runtime.engine import decode
+from graft_cli.runtime.graphs import Capture
 from graft_cli.runtime.half_linear import HalfLinear, half_available, half_copy, to_half
 from graft_cli.runtime.loading import Loaded, load_model
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Forward, Target, on
 
-__all__ = ["CpuLinear", "Forward", "HalfLinear", "Loaded", "Sampling", "Target", "decode", "half_available",
-           "half_copy", "load_model", "loading", "on", "to_half", "token_ranking", "use_cpu_linears"]
+__all__ = ["Capture", "CpuLinear", "Forward", "HalfLinear", "Loaded", "Sampling", "Target", "decode",
+           "half_available", "half_copy", "load_model", "loading", "on", "to_half", "token_ranking", "use_cpu_linears"]

@@ -78,17 +78,28 @@ class StaticInputs:
         self.block.copy_(self.host, non_blocking=self.non_blocking)
 
 
-def tree_mask(inputs: StaticInputs, capacity: int, dtype: torch.dtype) -> torch.Tensor:
-    """The additive mask ``[1, 1, B, capacity]``, made on the device: every row sees the cached context (keys
-    before the root's position), then its ancestor rows of the tree block; the rest is ``finfo.min``."""
-    size, device = inputs.size, inputs.block.device
-    past = inputs.positions[0, :1]
-    relative = torch.arange(capacity, device=device) - past  # a key's row in the tree block (< 0: the context)
-    inside = (relative >= 0) & (relative < size)
-    seen = inputs.ancestors.index_select(1, relative.clamp(0, size - 1)) != 0
-    allowed = (relative < 0)[None, :] | (seen & inside[None, :])
-    mask = torch.zeros((size, capacity), dtype=dtype, device=device)
+def visible_keys(past: torch.Tensor, rows: torch.Tensor, capacity: int) -> torch.Tensor:
+    """Which of ``capacity`` keys each query row sees, ``[B, capacity]`` bool, made on the device: every key
+    before ``past`` (a one-element tensor: the cached context), then the block of keys from ``past`` on as
+    ``rows [B, R]`` says (non-zero: seen), nothing after it."""
+    width, device = rows.shape[1], rows.device
+    relative = torch.arange(capacity, device=device) - past  # a key's row in the block (< 0: the context)
+    inside = (relative >= 0) & (relative < width)
+    seen = rows.index_select(1, relative.clamp(0, width - 1)) != 0
+    return (relative < 0)[None, :] | (seen & inside[None, :])
+
+
+def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask ``[B, K]`` as transformers' additive one ``[1, 1, B, K]`` (0 seen, ``finfo.min`` not)."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+def tree_mask(inputs: StaticInputs, capacity: int, dtype: torch.dtype) -> torch.Tensor:
+    """The verification's additive mask ``[1, 1, B, capacity]``, made on the device: every row sees the cached
+    context (keys before the root's position), then its ancestor rows of the tree block; the rest is
+    ``finfo.min``."""
+    return additive(visible_keys(inputs.positions[0, :1], inputs.ancestors, capacity), dtype)
 
 
 @dataclass

@@ -1,0 +1,156 @@
+"""Draft levels at fixed shapes: a level of the tree drafted by an EAGLE-3 head or a draft model, padded to the
+drafter's ``top_k`` rows and attending over the drafter's whole reserved cache, so that one captured graph per
+level shape serves every level of every draft (graft_cli/runtime/graphs.py; eager on a CPU).
+
+The expansion loop (tree_drafter.py) still chooses each level's frontier; what changes is how a level's forward
+runs. Its inputs are copied into static buffers (device-to-device, no read): the frontier's tokens and positions,
+the cache rows they are written at, how many context keys every row sees, and which rows of the tree block each
+sees (its ancestors and itself). The mask over the whole cache is made from those on the device, the rows are
+written through the cache's device index (graft_cli/runtime/kv_cache.py), and the outputs -- the head's
+log-probabilities and states, or the draft model's logits -- are the graph's own tensors, which the loop reads
+(``topk``) before the next level replays over them. Padded rows feed token 0 at row ``i``'s slot past the level's
+real rows: the next level writes there, and no real row ever sees them.
+
+A drafter on this path runs EVERY tree level through it (captured or, before its warm-up ends, eagerly): its
+cache's rows are then written where the index says and never counted by the cache, which the drafter does itself.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+from typing import Any, Callable, Iterator
+
+import torch
+
+from graft_cli.runtime.fixed_shapes import additive, bucket, visible_keys
+from graft_cli.runtime.fixed_target import FixedShapeTarget
+from graft_cli.runtime.graphs import Capture, Graphs
+from graft_cli.runtime.kv_cache import PositionCache
+from graft_cli.runtime.target import Target
+
+WIDTH = 64  # tree rows a level's static mask holds at first
+
+
+class LevelInputs:
+    """A level's static inputs for ``rows`` rows over a tree block of ``width`` rows."""
+
+    def __init__(self, rows: int, width: int, device: torch.device) -> None:
+        self.rows = rows
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
+        self.write = torch.zeros(rows, dtype=torch.long, device=device)  # the cache rows they are written at
+        self.visible = torch.zeros(1, dtype=torch.long, device=device)  # context keys every row sees
+        self.tree = torch.zeros((rows, width), dtype=torch.bool, device=device)  # tree rows each sees
+        self.order = torch.arange(rows, device=device)
+
+    def fill(self, tokens: torch.Tensor, positions: torch.Tensor, visible: int, tree_rows: int,
+             mask: torch.Tensor) -> None:
+        """This level's ``n`` rows (``mask [n, tree_rows + n]``: the tree rows each sees), the rest padding."""
+        n = tokens.shape[0]
+        self.tokens.zero_()
+        self.tokens[:n].copy_(tokens)
+        self.positions.fill_(0)
+        self.positions[:n].copy_(positions)
+        torch.add(self.order, visible + tree_rows, out=self.write)
+        self.visible.fill_(visible)
+        self.tree.zero_()
+        self.tree[:n, : mask.shape[1]].copy_(mask)
+        self.tree[n:, tree_rows + n :].fill_diagonal_(True)  # a padded row sees its own row (and the context)
+
+
+def reserve_rows(cache: PositionCache, end: int) -> None:
+    """Make ``cache``'s blocks hold ``end`` rows (its filled rows kept): a level must never write past them."""
+    layer = cache.layers[0]
+    if end > layer.keys.shape[2]:
+        for layer in cache.layers:
+            keys = layer.keys
+            layer.make_room(keys.new_empty((keys.shape[0], keys.shape[1], end - layer.filled, keys.shape[3])))
+
+
+class FixedLevels:
+    """A drafter's fixed-shape levels: static inputs per padded row count (``top_k``, or a bucket for a longer
+    checked chain), and their graphs."""
+
+    def __init__(self, capture: Capture | None, rows: int, device: torch.device) -> None:
+        self.graphs, self.rows, self.device = Graphs(capture), rows, device
+        self.inputs: dict[int, LevelInputs] = {}
+        self.states: dict[int, torch.Tensor] = {}  # an EAGLE-3 head's input states [rows, H], by row count
+        self.width = WIDTH  # tree rows the static masks hold (they grow with a deeper tree)
+
+    def prepare(self, cache: PositionCache, tokens: torch.Tensor, positions: torch.Tensor, visible: int,
+                tree_rows: int, mask: torch.Tensor) -> LevelInputs:
+        """The level's inputs filled (a wider tree block than the buffers hold gets new ones, and new graphs)."""
+        if mask.shape[1] > self.width:
+            self.width = 2 * mask.shape[1]
+            self.inputs.clear()
+            self.graphs.forget()
+        rows = self.rows if tokens.shape[0] <= self.rows else bucket(tokens.shape[0])
+        inputs = self.inputs.get(rows)
+        if inputs is None:
+            inputs = self.inputs[rows] = LevelInputs(rows, self.width, self.device)
+        reserve_rows(cache, visible + tree_rows + rows)
+        inputs.fill(tokens, positions, visible, tree_rows, mask)
+        return inputs
+
+    def states_for(self, states: torch.Tensor, rows: int) -> torch.Tensor:
+        """The static input states of a level of ``rows`` rows, holding ``states`` in its first rows."""
+        static = self.states.get(rows)
+        if static is None:
+            static = self.states[rows] = states.new_zeros((rows, states.shape[1]))
+        static[: states.shape[0]].copy_(states)
+        return static
+
+    def run(self, name: str, cache: PositionCache, inputs: LevelInputs, region: Callable[[], Any],
+            *more: Any) -> Any:
+        """``region`` through the graphs, keyed by what it records: its rows, the cache's block and ``more``."""
+        block = cache.layers[0].keys
+        key = (name, inputs.rows, block.data_ptr(), block.shape[2], inputs.tree.data_ptr(), *more)
+        return self.graphs.run(key, region)
+
+
+def match_target(proposer: Any, target: Target) -> Any:
+    """``proposer``, its drafter (if any, and if it can) on fixed-shape levels when ``target`` is on the
+    fixed-shape path, captured the way the target's steps are (one memory pool)."""
+    drafter = getattr(proposer, "drafter", None) or getattr(getattr(proposer, "inner", None), "drafter", None)
+    if isinstance(target, FixedShapeTarget) and drafter is not None and getattr(drafter, "fix_levels", None):
+        drafter.fix_levels(target.graphs.capture)
+    return proposer
+
+
+@contextmanager
+def kernels_outside(head: Any) -> Iterator[None]:
+    """The head's attention kernels entered around a level's run, and its forward's own entry of them a no-op
+    meanwhile: a graph records the kernels they select, and a context manager is no part of a graph."""
+    kernels = head.kernels
+    with kernels:
+        head.kernels = nullcontext()
+        try:
+            yield
+        finally:
+            head.kernels = kernels
+
+
+def head_level(head: Any, inputs: LevelInputs, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An EAGLE-3 head's level over its whole cache: log-probabilities ``[rows, V']`` and states ``[rows, H]``
+    (run under :func:`kernels_outside`)."""
+    cache = head.cache
+    allowed = visible_keys(inputs.visible, inputs.tree, cache.layers[0].keys.shape[2])
+    cache.write_index = inputs.write
+    try:
+        out = head.forward(inputs.tokens, states, inputs.positions, allowed)
+    finally:
+        cache.write_index = None
+    return head.logp(out), out
+
+
+def model_level(draft: Any, inputs: LevelInputs, logits: Callable[[dict], torch.Tensor]) -> torch.Tensor:
+    """A draft model's level over its whole cache (``draft``: its cache, a Target); ``logits`` runs the model on
+    the forward's keyword arguments."""
+    cache = draft.cache
+    mask = additive(visible_keys(inputs.visible, inputs.tree, cache.layers[0].keys.shape[2]), draft.dtype)
+    cache.write_index = inputs.write
+    try:
+        return logits(dict(input_ids=inputs.tokens[None], position_ids=inputs.positions[None], attention_mask=mask,
+                           **draft.cached, use_cache=True))
+    finally:
+        cache.write_index = None

@@ -17,7 +17,7 @@ from graft_cli.core.errors import GraftError
 from graft_cli.core.prune import DEFAULT_SCHEDULE
 from graft_cli.method_config import ALIAS_HELP
 
-MODEL, SPECULATION, DEVICE = "Model", "Speculation", "Device"
+MODEL, SPECULATION, DEVICE, OUTPUT = "Model", "Speculation", "Device", "Output"
 
 Model = Annotated[str, typer.Option(
     "--model", "-m", rich_help_panel=MODEL, help="Target model: a catalog name (graft models list), a local model directory or .gguf file, or a Hugging Face id ORG/NAME[@REVISION].")]
@@ -35,7 +35,7 @@ Datastore = Annotated[Optional[str], typer.Option(
 RetrieverOpt = Annotated[List[str], typer.Option(
     "--retriever-opt", rich_help_panel=SPECULATION, help="KEY=VALUE option for retrievers (repeatable).")]
 MaxNewTokens = Annotated[int, typer.Option(
-    "--max-new-tokens", "-n", min=1, help="New tokens per answer at most (fewer at a stop token).")]
+    "--max-new-tokens", "-n", min=1, rich_help_panel=OUTPUT, help="New tokens per answer at most (fewer at a stop token).")]
 Device = Annotated[str, typer.Option("--device", rich_help_panel=DEVICE, help="auto, cpu or cuda.")]
 Dtype = Annotated[str, typer.Option(
     "--dtype", rich_help_panel=DEVICE,
@@ -53,8 +53,8 @@ Method = Annotated[str, typer.Option("--method", rich_help_panel=SPECULATION, he
 TreeShape = Annotated[Optional[str], typer.Option("--tree", rich_help_panel=SPECULATION, help="How graft with a drafter shapes its tree: 'cost' (default: each step by expected tokens per second, docs/architecture.md) or 'fixed' (--depth levels and --prune-at checkpoints).")]
 Depth = Annotated[Optional[int], typer.Option("--depth", min=1, rich_help_panel=SPECULATION, help=f"Draft tree levels at most (default: {both('depth')}; {MAX_LEVELS} with --tree cost).")]
 DraftTopK = Annotated[Optional[int], typer.Option("--draft-top-k", min=1, rich_help_panel=SPECULATION, help=f"Draft nodes expanded per level and children per node (default: {both('draft_top_k')}).")]
-PruneAt = Annotated[Optional[str], typer.Option("--prune-at", rich_help_panel=SPECULATION, help=f"Pruning checkpoints LEVEL:THRESHOLD[:SHARE],... (default {DEFAULT_SCHEDULE}; 'none': no pruning).")]
-Chain = Annotated[bool, typer.Option("--chain", rich_help_panel=SPECULATION, help="Draft a single chain; with graft: Graft(TAIL), retrieved tokens fill the tail.")]
+PruneAt = Annotated[Optional[str], typer.Option("--prune-at", rich_help_panel=SPECULATION, help=f"Where the draft tree is cut short when the drafter is unsure: LEVEL:THRESHOLD[:SHARE],... (stop after LEVEL when the best path is less likely than THRESHOLD, keeping SHARE of the budget; default {DEFAULT_SCHEDULE}; 'none': never).")]
+Chain = Annotated[bool, typer.Option("--chain", rich_help_panel=SPECULATION, help="Draft one line of tokens instead of a tree; with graft, retrieved tokens continue it (the paper's Graft(TAIL)).")]
 DraftVocab = Annotated[Optional[int], typer.Option("--draft-vocab", min=0, rich_help_panel=SPECULATION, help="A draft model scores only N tokens: the most frequent by `graft models vocab` (else the lowest ids), the special ones and the prompt's (default: the ranked tokens covering 99.99% of the corpus on a CPU, all on a GPU or without a ranking; 0: all).")]
 DraftWindow = Annotated[Optional[int], typer.Option("--draft-window", rich_help_panel=SPECULATION, help=f"A draft model reads at most the first 4 and last N-4 prompt tokens (default: {both('draft_window')}; 0: the whole prompt). Retrieval reads all of it.")]
 DraftWeights = Annotated[Optional[str], typer.Option("--draft-weights", rich_help_panel=SPECULATION, help=f"A draft model's linear weights: 'fp16' (FBGEMM's fp16 kernel, fp32 arithmetic: a CPU draft forward then reads half the bytes) or 'full' (the model's dtype); default: {both('draft_weights')}. The target is never touched.")]

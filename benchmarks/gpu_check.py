@@ -18,6 +18,9 @@
    graft_cli/runtime/attention_kernels.py). Before it, which SDPA kernel a tree's masked attention gets.
 4. Host milliseconds and device reads per step of graft with a draft model at the CUDA defaults, the forwards
    played back (benchmarks/host_overhead.py).
+5. The fixed-shape path (``--graphs``, benchmarks/gpu_fixed.py): the card's bandwidth, capture time per bucket,
+   plain decoding against its bandwidth floor, verification by tree size, an 8B-shaped EAGLE-3 head level and
+   draft, host time and reads per step with a head, and every method's tokens against the eager path in fp32.
 
     python benchmarks/gpu_check.py            # on a CUDA machine; prints one table, exit 1 if a check failed
     python benchmarks/gpu_check.py --smoke    # the same code on the CPU with tiny models (CI: under a minute)
@@ -67,6 +70,8 @@ from graft_cli.runtime.sampling import Sampling, probabilities
 from graft_cli.synthetic import method_configs, random_tree, synthetic_models, text_store
 from graft_cli.runtime.target import Target
 
+import gpu_fixed
+
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                  num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0)
 
@@ -92,7 +97,7 @@ class Scale:
 GPU = Scale(1024, 512, 6, 8, 128, 400, LLAMA3_8B, (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256), 512, 10, "bfloat16", None)
 SMOKE = Scale(97, 64, 6, 3, 24, 80, dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, vocab_size=97), (1, 4, 16), 64, 3, "float32", 3)
-PARTS = ("greedy", "sampling", "exact", "latency", "host")  # what --skip can leave out
+PARTS = ("greedy", "sampling", "exact", "latency", "host", "fixed")  # what --skip can leave out
 EXACT = (4, 64)  # prompts and new tokens of the fp32 greedy pass that follows a bf16/fp16 run
 SAMPLING = Sampling(temperature=0.8, top_k=8, top_p=0.95)  # every part of the distribution code, a small support
 
@@ -372,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
         check_latency(table, scale.latency_shape, device, getattr(torch, dtype), scale)
     if "host" not in skip:
         check_host_overhead(table, device, dtype, scale)
+    if "fixed" not in skip:  # the fixed-shape path: benchmarks/gpu_fixed.py
+        gpu_fixed.check_all(table, device, dtype, scale, [[int(word[1:]) for word in q.turns[0].split()]
+                                                          for q in prompts(scale)])
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "CPU"
     title = (f"gpu_check{' --smoke' if args.smoke else ''} on {name} ({device}, {dtype}): "
              f"{'all checks passed' if table.ok else 'A CHECK FAILED'} in {time.perf_counter() - started:.0f} s")

@@ -55,6 +55,12 @@ way). ``measure()`` is what ``benchmarks/gpu_check.py`` calls for its host row.
     python benchmarks/host_overhead.py --cold-caches
     python benchmarks/host_overhead.py --drafter eagle3 --threads 1 --fixed-shapes   # the fixed-shape path, eagerly
 
+``--fixed-shapes`` runs the fixed-shape path (graft_cli/runtime/fixed_target.py) eagerly: the verification, the
+acceptance and the drafter's levels run as the regions a GPU captures, and each region's own time is shown as
+``captured`` and excluded like a forward (on a GPU it is one graph replay, a few microseconds of launch); what
+is left is writing the static inputs (``mask``), the step around the regions and its one read (``accept``), and
+the rest of the loop as before.
+
 The suffix-array store is built once from one Alpaca-Eval output file (``$GRAFT_HOME/datastores/host-overhead``);
 the EAGLE-3 head has random weights (written to a temporary directory), scaled so that its distributions are
 peaked enough for the tree to grow.
@@ -63,7 +69,6 @@ peaked enough for the tree to grow.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from collections import Counter
@@ -81,10 +86,9 @@ import graft_cli.drafting.proposer as proposers
 import graft_cli.drafting.tree_drafter as drafters
 import plugins.draft_model as draft_model
 from graft_cli.bench.datasets import load_questions, resolve_dataset
-from graft_cli.catalog.home import graft_home
-from graft_cli.catalog.resolve import resolve_model
 from graft_cli.core import DEFAULT_SCHEDULE, DraftSettings, Stats
 from graft_cli.core.defaults import CUDA
+from graft_cli.drafting import match_target
 from graft_cli.drafting.budget import LatencyModel
 from graft_cli.methods import MethodConfig, build
 from graft_cli.runtime import engine
@@ -94,54 +98,11 @@ from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.fixed_target import FixedShapeTarget
 from graft_cli.runtime.target import Target
 
-from phases import DEVICE, FORWARD, Phases
+from host_inputs import CORPUS, datastore, random_head
+from phases import CAPTURED, DEVICE, FORWARD, Phases
 from playback import Replay, cold_caches
 
 PHASES = ("draft", "mask", "retrieve", "graft", "accept", "keep", "observe", "engine")
-CORPUS = "corpus/alpaca_eval_outputs/gpt4.jsonl"  # under the shared data, beside the benchmark prompts
-
-
-def datastore(name: str, corpus: Path) -> str:
-    """A small suffix-array store over real text, built once under GRAFT_HOME (seconds)."""
-    from datastores import DatastoreError
-    from datastores.build import build_store
-    from datastores.store import read_store
-
-    path = graft_home() / "datastores" / name
-    try:
-        read_store(path)
-    except DatastoreError:
-        print(f"building suffix-array store {path} from {corpus} ...", file=sys.stderr)
-        build_store([corpus], path, model_dir=resolve_model("smollm2-135m-instruct"),
-                    model_name="smollm2-135m-instruct", fields=["output"], jobs=1, force=True)
-    return str(path)
-
-
-def random_head(root: Path, target: torch.nn.Module, draft_vocab: int, sharpness: float) -> str:
-    """An EAGLE-3 head with random weights in the format users' heads come in (for the target's width)."""
-    from safetensors.torch import save_file
-
-    from graft_cli.heads import HeadConfig, expected_shapes
-
-    c = target.config
-    heads, kv = c.num_attention_heads, c.num_key_value_heads
-    head_dim = c.hidden_size // heads
-    config = dict(hidden_size=c.hidden_size, num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim,
-                  intermediate_size=c.intermediate_size, vocab_size=c.vocab_size, draft_vocab_size=draft_vocab,
-                  rms_norm_eps=1e-5, hidden_act="silu")
-    (root / "config.json").write_text(json.dumps(config))
-    cfg = HeadConfig(c.hidden_size, heads, kv, head_dim, c.intermediate_size, c.vocab_size, draft_vocab, 1e4, 1e-5, "silu")
-    gen = torch.Generator().manual_seed(0)
-    tensors = {}
-    for name, shape in expected_shapes(cfg, c.hidden_size).items():
-        if name.endswith("norm.weight"):
-            tensors[name] = torch.ones(shape)
-        else:
-            scale = sharpness if name == "lm_head.weight" else 1.0
-            tensors[name] = torch.randn(shape, generator=gen) * (scale / shape[-1] ** 0.5)
-    tensors["d2t"] = torch.zeros(draft_vocab, dtype=torch.long)
-    save_file(tensors, str(root / "model.safetensors"))
-    return f"eagle3:{root}"
 
 
 def _wrap_forward(module: torch.nn.Module, wrap: Callable[[Callable], Callable]) -> None:
@@ -171,6 +132,7 @@ def instrument_target(phases: Phases, replay: Replay, target: Target) -> None:
     _wrap_forward(target.model, lambda own: wrap(FORWARD, replay.wrap(own, True, target.cache)))
     if isinstance(target, FixedShapeTarget):
         target.step = wrap("accept", target.step)
+        target.graphs.run = wrap(CAPTURED, target.graphs.run)
         for inputs in target.inputs.values():
             inputs.write = wrap("mask", inputs.write)
         return
@@ -191,6 +153,8 @@ def instrument_proposer(phases: Phases, replay: Replay, proposer) -> list[torch.
         retriever.observe = wrap("observe", retriever.observe)
     drafter = proposer.drafter
     if drafter is not None:
+        if drafter.fixed is not None:  # levels at fixed shapes: each region a graph replay on a GPU
+            drafter.fixed.graphs.run = wrap(CAPTURED, drafter.fixed.graphs.run)
         drafter.draft = wrap("draft", drafter.draft)
         drafter.observe = wrap("draft", drafter.observe)
         head = getattr(drafter, "head", None)
@@ -229,8 +193,10 @@ class Measured:
     def table(self) -> list[str]:
         steps = max(self.steps, 1)
         lines = [f"{'phase':<10}{'ms/step':>10}{'reads/step':>12}{'torch calls/step':>18}"]
-        for phase in (*PHASES, FORWARD, DEVICE):
-            note = {FORWARD: "  model forwards: excluded", DEVICE: "  vocabulary-wide tensor ops: excluded"}.get(phase, "")
+        notes = {FORWARD: "  model forwards: excluded", DEVICE: "  vocabulary-wide tensor ops: excluded",
+                 CAPTURED: "  regions a GPU replays as CUDA graphs: excluded"}
+        for phase in (*PHASES, FORWARD, DEVICE, *((CAPTURED,) if self.calls[CAPTURED] else ())):
+            note = notes.get(phase, "")
             lines.append(f"{phase:<10}{1e3 * self.time[phase] / steps:>10.3f}{self.reads[phase] / steps:>12.2f}"
                          f"{self.calls[phase] / steps:>18.1f}{note}")
         mine = self.host_ms - 1e3 * self.time["draft"] / steps
@@ -278,7 +244,7 @@ def measure(loaded, prompts: list[list[int]], config: MethodConfig, max_new_toke
 
         def proposer():
             """A fresh proposer at the CUDA defaults: every pass starts from the same state."""
-            made = build(config, loaded)
+            made = match_target(build(config, loaded), target)  # --fixed-shapes: the drafter's levels too
             made.latency = LatencyModel.default("cuda")
             if getattr(made, "objective", None) is not None:  # the cost-aware builder as it runs on a GPU
                 made.objective.latency, made.objective.planned = made.latency, not read_per_level
@@ -403,18 +369,23 @@ def main() -> int:
                 args.read_per_level, thread_time if args.clock == "cpu" else perf_counter, args.write_kv,
                 args.fixed_shapes)
     tmp.cleanup()
-    kv = "as zeros in host memory" if args.write_kv else "as rows"
-    print(f"{args.model}, method {args.method}, drafter {args.drafter}{' ' + draft if draft else ''}, "
-          f"budget {args.budget}, depth {args.depth}, draft top-k {args.draft_top_k}, retrievers {args.retrievers}; "
-          f"{'the fixed-shape path (eager), ' if args.fixed_shapes else ''}"
-          f"{len(prompts)} Spec-Bench prompts ({args.categories}), {m.tokens} tokens in {m.steps} steps "
-          f"(tau {m.tokens / max(m.steps, 1):.2f}; {len(m.levels)} drafts of "
-          f"{np.mean(m.levels) if m.levels else 0:.1f} levels), threads {args.threads}, {args.clock} clock, "
-          f"{'forwards run inline' if args.in_run else f'forwards played back (cache writes {kv}), the quietest of {args.repeat} replays'}; "
-          f"counting costs "
-          f"{1e6 * m.cost:.2f} us per torch call, subtracted")
+    print(header(args, m, len(prompts), draft))
     print("\n".join(m.table()))
     return 0
+
+
+def header(args: argparse.Namespace, m: Measured, prompts: int, draft: str | None) -> str:
+    """The line above the table: what was run, and how it was timed."""
+    kv = "as zeros in host memory" if args.write_kv else "as rows"
+    timing = "forwards run inline" if args.in_run else \
+        f"forwards played back (cache writes {kv}), the quietest of {args.repeat} replays"
+    return (f"{args.model}, method {args.method}, drafter {args.drafter}{' ' + draft if draft else ''}, "
+            f"budget {args.budget}, depth {args.depth}, draft top-k {args.draft_top_k}, retrievers {args.retrievers}; "
+            f"{'the fixed-shape path (eager), ' if args.fixed_shapes else ''}"
+            f"{prompts} Spec-Bench prompts ({args.categories}), {m.tokens} tokens in {m.steps} steps "
+            f"(tau {m.tokens / max(m.steps, 1):.2f}; {len(m.levels)} drafts of "
+            f"{np.mean(m.levels) if m.levels else 0:.1f} levels), threads {args.threads}, {args.clock} clock, "
+            f"{timing}; counting costs {1e6 * m.cost:.2f} us per torch call, subtracted")
 
 
 if __name__ == "__main__":

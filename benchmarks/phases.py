@@ -12,6 +12,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 FORWARD = "forward"
+CAPTURED = "captured"  # a region the fixed-shape path records as a CUDA graph: one replay on a GPU
 DEVICE = "device"  # torch calls over vocabulary-sized tensors outside the forwards
 METADATA = {"__get__", "size", "dim", "numel", "stride", "__len__", "is_contiguous", "data_ptr", "element_size",
             "is_floating_point"}  # calls on a vocabulary-wide tensor that do no device work: never played back
@@ -65,7 +66,7 @@ class Phases(TorchFunctionMode):
         self.calls[phase] += 1
         if name in READS:
             self.reads[phase] += 1
-        if phase != FORWARD and any(isinstance(a, torch.Tensor) and a.numel() >= self.big for a in args):
+        if phase not in (FORWARD, CAPTURED) and any(isinstance(a, torch.Tensor) and a.numel() >= self.big for a in args):
             self.enter(DEVICE)
             try:
                 if self.tape is None or name in METADATA:

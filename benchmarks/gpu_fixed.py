@@ -1,0 +1,249 @@
+"""benchmarks/gpu_check.py's rows for the fixed-shape path (graft_cli/runtime/fixed_target.py): what it is worth
+on a GPU and that it changes no token. ``--smoke`` runs the same code on a CPU, where nothing is captured.
+
+- ``bandwidth``: the card's streaming rate, measured in this run (a large copy: bytes read and written per second);
+- ``fixed capture``: seconds to capture each verification bucket of an 8B-shaped model (Llama-3.1-8B's shapes,
+  random weights in the run's dtype), the start-up cost of ``--graphs``;
+- ``fixed plain decoding``: ms per token on the fixed-shape path, as a multiple of the weights' bytes over that
+  bandwidth (its floor), and the eager path's beside it;
+- ``fixed verify N tokens``: a step (verification, acceptance, compaction, the one read) of 1, 16, 32, 64 and 128
+  tokens, against one token;
+- ``fixed head level`` and ``fixed draft``: an 8B-shaped EAGLE-3 head's level of top-k rows and a whole draft of
+  depth 6, captured levels against eager ones;
+- ``fixed host ms/step``: host time not overlapped with the device and blocking reads per step of graft with an
+  EAGLE-3 head on the path (benchmarks/host_overhead.py's replay, its captured regions excluded);
+- ``fixed-shape METHOD (float32)``: every method on the path (its draft levels included) against the eager path,
+  token for token, on the tiny synthetic models.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from graft_cli import methods
+from graft_cli.bench.runners import shared_models
+from graft_cli.core import DEFAULT_SCHEDULE, DraftSettings, Stats, Step, Tree
+from graft_cli.core.defaults import CUDA
+from graft_cli.drafting import GraftProposer, match_target
+from graft_cli.heads import Eagle3Head, HeadConfig, expected_shapes
+from graft_cli.runtime.engine import decode
+from graft_cli.runtime.fixed_target import make_target
+from graft_cli.runtime.graphs import CudaCapture
+from graft_cli.runtime.loading import load_model
+from graft_cli.runtime.sampling import Sampling
+from graft_cli.runtime.target import Target
+from graft_cli.runtime.verify import accept
+from graft_cli.synthetic import method_configs, random_tree, synthetic_models, text_store
+from plugins.eagle3 import Eagle3Drafter
+
+SIZES = (1, 16, 32, 64, 128)  # tokens a verification feeds, root included
+GPU_COPY, SMOKE_COPY = 1 << 30, 1 << 24  # bytes the bandwidth is measured over
+
+
+def timed(run: Callable[[], object], sync: Callable[[], None], repeats: int) -> float:
+    """Median milliseconds of ``run`` (a first call warms up)."""
+    times = []
+    for _ in range(repeats + 1):
+        sync()
+        start = time.perf_counter()
+        run()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:]) * 1000
+
+
+def syncer(device: str) -> Callable[[], None]:
+    return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+
+def bandwidth(table, device: str) -> float:
+    """Bytes per second a large device-to-device copy moves (read plus written)."""
+    size = GPU_COPY if device.startswith("cuda") else SMOKE_COPY
+    src = torch.empty(size, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = timed(lambda: dst.copy_(src), syncer(device), 10)
+    rate = 2 * size / (ms / 1000)
+    table.add("bandwidth", None, f"{rate / 1e9:.0f} GB/s streaming ({size >> 20} MiB copied, median of 10)")
+    return rate
+
+
+def big_model(shape: dict, device: str, dtype: torch.dtype) -> torch.nn.Module:
+    config = LlamaConfig(**shape, max_position_embeddings=8192, attn_implementation="sdpa")
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+
+
+def check_fixed_latency(table, model: torch.nn.Module, device: str, past: int, repeats: int, rate: float) -> None:
+    """Capture time per bucket, plain decoding against its floor, verification by tree size: on the path, and
+    the eager path beside it."""
+    sync, rng = syncer(device), np.random.default_rng(0)
+    vocab = model.config.vocab_size
+    prompt = rng.integers(0, vocab, past).tolist()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    floor = weights / rate * 1000
+    figures = {}
+    for switch in ("on", "off"):
+        target = make_target(model, switch)
+        target.prefill(prompt, capacity=past + 4 * 64 + 256)
+        step = _step(target)
+        figures[switch] = {size: timed(lambda: step(random_tree(size - 1, vocab, rng), reset=True), sync, repeats)
+                           for size in SIZES}
+        figures[switch]["plain"] = timed(lambda: [step(Tree()) for _ in range(16)], sync, repeats) / 16
+        if switch == "on":
+            captured = {key[1]: s for key, s in target.graphs.seconds.items() if key[0] == "verify"}
+            shown = ", ".join(f"{size}: {captured[size]:.2f} s" for size in SIZES if size in captured)
+            table.add("fixed capture", None, f"{shown or 'nothing captured (no CUDA)'} per verification bucket; "
+                      f"{len(target.graphs.failed)} failed")
+    on, off = figures["on"], figures["off"]
+    table.add("fixed plain decoding", None, f"{on['plain']:.2f} ms/token = {on['plain'] / floor:.2f}x the floor "
+              f"({weights / 1e9:.2f} GB of weights at the measured bandwidth: {floor:.2f} ms); eager {off['plain']:.2f}")
+    for size in SIZES:
+        table.add(f"fixed verify {size} tokens", None, f"{on[size]:.2f} ms, {on[size] / on[1]:.2f}x one token; "
+                  f"eager {off[size]:.2f} ms ({past}-token cache, a step with acceptance and its read)")
+
+
+def _step(target: Target) -> Callable[..., object]:
+    """One verification step of ``target`` as decoding runs it (acceptance, compaction and the read included);
+    ``reset``: the cache back to its length before, so that a timing loop keeps one context."""
+    device_step, greedy = target.device_step(Sampling(), None), Sampling()
+
+    def step(tree: Tree, reset: bool = False) -> object:
+        length = target.length
+        if device_step is not None:
+            out = device_step(7, tree, False, 1)
+        else:
+            out = accept(tree, target.verify(7, tree).logits, greedy)
+            target.keep(out.rows(), len(tree) + 1)
+        if reset:
+            target.length = length
+            target.cache.settle(length)
+        return out
+    return step
+
+
+def random_head(target: torch.nn.Module, draft_vocab: int) -> Eagle3Head:
+    """An EAGLE-3 head shaped for ``target`` (its width, heads and MLP), random weights on its device and dtype."""
+    c = target.config
+    embed = target.get_input_embeddings().weight
+    cfg = HeadConfig(c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
+                     c.hidden_size // c.num_attention_heads, c.intermediate_size, c.vocab_size, draft_vocab, 1e4,
+                     1e-5, "silu")
+    gen = torch.Generator(device=embed.device).manual_seed(0)
+    weights = {}
+    for name, shape in expected_shapes(cfg, c.hidden_size).items():
+        noise = torch.randn(shape, generator=gen, device=embed.device, dtype=embed.dtype)
+        weights[name] = torch.ones_like(noise) if name.endswith("norm.weight") else noise / shape[-1] ** 0.5
+    return Eagle3Head(cfg, weights, embed, torch.zeros(draft_vocab, dtype=torch.long, device=embed.device))
+
+
+def head_drafter(model: torch.nn.Module, head: Eagle3Head, fixed: bool, past: int, top_k: int) -> Eagle3Drafter:
+    """A dense drafter of depth 6 over ``head`` that has read a ``past``-token prompt (random target features)."""
+    drafter = Eagle3Drafter(head, model, depth=6, top_k=top_k)
+    if fixed:
+        drafter.fix_levels(CudaCapture() if head.device.type == "cuda" else None)
+    device, width = head.device, model.config.hidden_size
+    hidden = [torch.randn((past, width), device=device, dtype=head.dtype) for _ in range(drafter.num_states)]
+    prompt = list(range(past))
+    drafter.start(prompt, Step(prompt + [1], [1], Tree(), list(range(past)), None, hidden), past + 4096)
+    drafter.draft(prompt + [1], 60, Stats())  # the prompt read: every later draft feeds one row first
+    drafter.observe(Step(prompt + [1, 2], [2], Tree(), [0], None, [h[:1] for h in hidden]))
+    return drafter
+
+
+def check_head(table, model: torch.nn.Module, device: str, past: int, repeats: int, draft_vocab: int,
+               top_k: int) -> None:
+    """An 8B-shaped head's level of ``top_k`` rows and a whole draft of depth 6: captured levels, and eager."""
+    sync, head = syncer(device), random_head(model, draft_vocab)
+    figures = {}
+    for fixed in (True, False):
+        head.reset(past + 4096)
+        drafter = head_drafter(model, head, fixed, past, top_k)
+        features, context = drafter.pending_features, list(range(past)) + [1, 2]
+
+        def draft() -> None:
+            drafter.pending_features, drafter.pending_tokens = list(features), [3]
+            drafter.draft(context, 60, Stats())
+            drafter._drop_tree([])
+
+        whole = timed(draft, sync, repeats)
+        draft()
+        start, rows = drafter.tree_rows, top_k
+        tokens = torch.arange(rows, device=head.device)
+        states = torch.randn((rows, head.cfg.hidden), device=head.device, dtype=head.dtype)
+        mask = torch.ones((rows, rows), dtype=torch.bool, device=head.device).tril()
+        def level() -> None:  # the tree's first level again: the head's cache cropped back after it
+            drafter._grow(tokens, states, 2, mask)
+            head.crop(drafter.committed)
+
+        with torch.inference_mode():  # as the draft's own levels run
+            level_ms = timed(level, sync, repeats)
+        drafter.tree_rows = start
+        figures[fixed] = (level_ms, whole)
+    (level, whole), (eager_level, eager_whole) = figures[True], figures[False]
+    params = sum(w.numel() for w in head.w.values()) / 1e9
+    table.add("fixed head level", None, f"{level:.3f} ms for {top_k} rows ({params:.2f}B-parameter head, "
+              f"{past}-token context); eager {eager_level:.3f} ms")
+    table.add("fixed draft", None, f"{whole:.2f} ms for a whole draft of depth 6 (top-k {top_k}, levels on the "
+              f"fixed-shape path); eager {eager_whole:.2f} ms")
+
+
+def check_host(table, device: str, dtype: str, target_dir: Path, head_dir: Path, prompts: list[list[int]],
+               new_tokens: int) -> None:
+    """Host time not overlapped with the device, and blocking reads, per step of graft with an EAGLE-3 head on
+    the fixed-shape path at the CUDA defaults (benchmarks/host_overhead.py)."""
+    from host_overhead import measure  # lazy: a neighbour script, on the path only where it runs
+
+    loaded = load_model(str(target_dir), device, dtype)
+    config = methods.MethodConfig(
+        "graft", budget=60, retrievers=["prompt", "recycling"], draft=f"eagle3:{head_dir}",
+        drafting=DraftSettings(depth=7, draft_top_k=8, prune_at=f"{DEFAULT_SCHEDULE},floor:{CUDA.prune_floor}"))
+    m = measure(loaded, prompts, config, new_tokens, repeat=1 if device == "cpu" else 3, fixed=True)
+    table.add("fixed host ms/step", None, f"{m.host_ms:.2f} ms not overlapped, {m.syncs:.2f} blocking reads per step "
+              f"(graft with an EAGLE-3 head, {m.steps} steps; targets 0.5 ms and 1 read)")
+
+
+def check_methods(table, device: str, target_dir: Path, head_dir: Path, root: Path, prompts: list[list[int]],
+                  new_tokens: int, depth: int | None) -> None:
+    """Every method on the fixed-shape path (its draft levels too) against the eager path, greedy, in fp32."""
+    loaded = load_model(str(target_dir), device, "float32")
+    reference = [_tokens(Target(loaded.model), GraftProposer(0), p, new_tokens) for p in prompts]
+    store = text_store(root, target_dir, [" ".join(f"t{t}" for t in p + out) for p, out in zip(prompts, reference)])
+    with shared_models(loaded):
+        for name, config in method_configs(target_dir, head_dir, store, depth).items():
+            config = replace(config, curve="cuda" if device.startswith("cuda") else "cpu")
+            same, fixed = 0, make_target(loaded.model, "on")
+            for prompt in prompts:
+                eager = _tokens(Target(loaded.model), methods.build(config, loaded), prompt, new_tokens)
+                same += eager == _tokens(fixed, match_target(methods.build(config, loaded), fixed), prompt, new_tokens)
+            graphs = fixed.graphs
+            table.add(f"fixed-shape {name} (float32)", same == len(prompts),
+                      f"{same}/{len(prompts)} token-identical to the eager path; {len(graphs.captured)} graphs "
+                      f"captured, {len(graphs.failed)} failed")
+
+
+def _tokens(target: Target, proposer, prompt: list[int], n: int) -> list[int]:
+    return [t for step in decode(target, proposer, prompt, Sampling(), n, set()) for t in step]
+
+
+def check_all(table, device: str, dtype: str, scale, prompts: list[list[int]]) -> None:
+    """Every row above, within the check's budget (``scale``: gpu_check's GPU or smoke sizes)."""
+    rate = bandwidth(table, device)
+    model = big_model(scale.latency_shape, device, getattr(torch, dtype))
+    check_fixed_latency(table, model, device, scale.past, scale.repeats, rate)
+    vocab = 32000 if device.startswith("cuda") else scale.latency_shape["vocab_size"] // 2
+    check_head(table, model, device, scale.past, scale.repeats, vocab, top_k=8)
+    del model
+    with tempfile.TemporaryDirectory(prefix="graft-gpu-fixed-") as tmp:
+        target_dir, head_dir = synthetic_models(Path(tmp), scale.vocab, scale.hidden, scale.layers)
+        check_host(table, device, dtype, target_dir, head_dir, prompts, scale.new_tokens)
+        check_methods(table, device, target_dir, head_dir, Path(tmp), prompts[:4], min(scale.new_tokens, 64),
+                      scale.depth)

@@ -9,7 +9,9 @@ deepest), scoring a path by the product of its probabilities: a real estimate, w
 The table lives on the host (a lookup is a walk of a few dozen small steps: Python, not device launches), as two
 CPU tensors with NumPy views. ``observe`` reads nothing back: the top-k of the verified rows is computed on the
 model's device and kept there, and the next lookup (or any reading of the table) brings every pending update over
-in ONE copy. ``--adjacency-file`` keeps the table across runs (safetensors: read on first use when it exists,
+in ONE copy. On the fixed-shape path (graft_cli/runtime/fixed_target.py) the target takes every verified row's
+top-k inside its acceptance step and reads it with the step's result (``successors``: this table's k), so
+``observe`` writes them straight in and a step reads the device once in all. ``--adjacency-file`` keeps the table across runs (safetensors: read on first use when it exists,
 written atomically by :meth:`AdjacencyRetriever.close`, which the proposer's ``close()`` calls; an ``atexit``
 hook calls it too, once, if nobody else did).
 """
@@ -42,6 +44,7 @@ class AdjacencyRetriever:
         if vocab_size >= 1 << 24:  # ids travel to the host in float32, beside their probabilities
             raise ValueError(f"recycling handles vocabularies below 2^24 tokens, not {vocab_size}")
         self.vocab_size, self.k, self.template = vocab_size, k, tuple(template)
+        self.successors = k  # the top-k a target that reads it with each step hands over (Step.successors)
         self._tokens = torch.zeros((vocab_size, k), dtype=torch.int32)  # host: the walk runs in NumPy
         self._probs = torch.zeros((vocab_size, k), dtype=torch.float32)  # host
         self._arrays = (self._tokens.numpy(), self._probs.numpy())  # views of the same memory, for the walk
@@ -72,15 +75,20 @@ class AdjacencyRetriever:
             return
         packed = self._pending[0][1] if len(self._pending) == 1 else torch.cat([p for _, p in self._pending])
         data, start = packed.to("cpu").numpy(), 0  # the one read; the rest is NumPy on the host
-        table, chances = self._arrays
-        for fed, update in self._pending:  # in order, and within a step a token's last row: later writes win
-            last = {token: row for row, token in enumerate(fed, start=start)}
-            block, start = data[list(last.values())], start + len(fed)
-            width = update.shape[1] // 2
-            rows = list(last)
-            table[rows, :width] = block[:, :width]  # exact: ids travel as float32 (vocab_size < 2^24)
-            chances[rows, :width] = block[:, width:]
+        for fed, _ in self._pending:  # in order: later writes win
+            self._write(fed, data[start : start + len(fed)])
+            start += len(fed)
         self._pending = []
+
+    def _write(self, fed: list[int], block: np.ndarray) -> None:
+        """One step's rows ``[len(fed), 2w]`` (ids, then probabilities) into the table; a token fed twice takes
+        its last row, as a sequential write would."""
+        table, chances = self._arrays
+        last = {token: row for row, token in enumerate(fed)}
+        rows, block = list(last), block[list(last.values())]
+        width = block.shape[1] // 2
+        table[rows, :width] = block[:, :width]  # exact: ids travel as float32 (vocab_size < 2^24)
+        chances[rows, :width] = block[:, width:]
 
     # --- persistence ------------------------------------------------------------------------------------------
     def load(self, path: Path) -> None:
@@ -129,6 +137,11 @@ class AdjacencyRetriever:
         root = step.context[-len(step.accepted) - 1]
         fed = [root, *step.tree.tokens()]
         if step.logits.shape[0] < len(fed):
+            return
+        if step.successors is not None and step.successors.shape == (len(fed), 2 * min(self.k, self.vocab_size)):
+            self._flush()  # earlier updates first: later writes win
+            self._write(fed, step.successors)  # the target read them with the step (the fixed-shape path)
+            self.updates += 1
             return
         logits = step.logits
         if logits.shape != (len(fed), self.vocab_size):  # more rows than fed, or an LM head padded wider

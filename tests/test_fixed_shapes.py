@@ -25,6 +25,8 @@ from graft_cli.runtime.sampling import Noise, Sampling, sample
 from graft_cli.runtime.target import Target
 from graft_cli.runtime.verify import accept
 from graft_cli.synthetic import OracleTreeProposer, method_configs, random_tree, synthetic_models, text_store
+from plugins.adjacency import AdjacencyRetriever
+from plugins.prompt_lookup import PromptLookup
 from tests.bench_fixtures import run_cli
 from tests.test_device import Discipline
 from tests.tiny import VOCAB, tiny_model
@@ -185,6 +187,29 @@ def test_one_read_a_step_and_buffers_that_stay_put():
     assert got == truth
     assert max(np.diff([0, *reads])) <= 1
     assert all(place[: len(later)] == later[: len(place)] for place, later in zip(places, places[1:]))
+
+
+def test_recycling_learns_the_same_table_from_the_steps_one_read():
+    """Token Recycling's top-k comes with the step's read on the path: the same table and tokens as the eager
+    path's device top-k, and the whole step (retrievers and all) reads the device once after the first."""
+    model, prompt = tiny_model(seed=7), prompts(1)[0]
+    runs = {}
+    for target in (Target(model), FixedShapeTarget(model)):
+        retriever = AdjacencyRetriever(VOCAB)
+        proposer = GraftProposer(12, [PromptLookup(), retriever])
+        mode, reads = Discipline(scope=("graft_cli/", "plugins/"), strict=False), [0]
+        steps = decode(target, proposer, prompt, Sampling(), 50, set(), 0)
+        got = list(next(steps))
+        with mode:
+            for new in steps:
+                got += new
+                reads.append(mode.reads)
+        runs[type(target)] = (got, retriever.tokens.clone(), retriever.probs.clone(), np.diff(reads))
+        assert proposer.successors == retriever.k
+    (eager, table, probs, _), (fixed, fixed_table, fixed_probs, reads) = runs[Target], runs[FixedShapeTarget]
+    assert fixed == eager and torch.equal(fixed_table, table)
+    torch.testing.assert_close(fixed_probs, probs)
+    assert list(reads[1:]) == [1] * (len(reads) - 1)  # the first step also brings the prefill's row over
 
 
 def test_the_new_modules_keep_device_discipline():

@@ -98,8 +98,9 @@ def test_verification_and_acceptance_compile_whole_and_never_recompile(sampling)
     capture = CompiledCapture()
     target = FixedShapeTarget(model, capture=capture)
     target.graphs.warmup = 1
-    stats = Stats()
-    got = decoded(target, OracleTreeProposer(truth, len(prompt), 5), prompt, sampling, 90, stats)
+    stats, oracle = Stats(), OracleTreeProposer(truth, len(prompt), 5)
+    oracle.successors = 8  # every row's top-k taken in the acceptance region too (Token Recycling's)
+    got = decoded(target, oracle, prompt, sampling, 90, stats)
     assert got == truth and stats.steps >= 20
     keys = target.graphs.captured
     assert capture.compiles == len(keys) and len({key[:2] for key in keys}) >= 4  # verify + accept, 2+ buckets

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Sequence
 from graft_cli.core.tree import Tree
 
 if TYPE_CHECKING:  # torch stays out of the core so that retriever plugins without torch import it cheaply
+    import numpy as np
     import torch
 
 
@@ -21,3 +22,6 @@ class Step:
     kept: list[int]  # rows of the fed block that joined the context (prefill: every prompt position)
     logits: "torch.Tensor | None" = None  # target logits of the fed rows [T, V] (prefill: the last row only)
     hidden: "Sequence[torch.Tensor] | None" = None  # per-layer hidden states [T, H], when a proposer asks
+    # the target's top-k next tokens at each fed row, on the host: [T, 2k] ids (exact as floats) then their
+    # probabilities, when a proposer asks (``successors``) and the fixed-shape path read them with the step
+    successors: "np.ndarray | None" = None

@@ -181,6 +181,7 @@ class AutoBudget:
     def __init__(self, inner: Proposer, latency: LatencyModel, clock: Callable[[], float] = time.perf_counter) -> None:
         self.inner, self.latency, self.clock = inner, latency, clock
         self.wants_hidden = inner.wants_hidden
+        self.successors = getattr(inner, "successors", 0)
         self.chosen: list[int] = []  # tree nodes kept per step, across every generation
 
     def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:

@@ -52,6 +52,8 @@ class GraftProposer:
         self.latency = latency or LatencyModel.default("cpu")
         self.calibration = Calibration()
         self.wants_hidden = bool(drafter and drafter.wants_hidden)
+        # the target's top-k at every verified row, read with the step where the target can (Token Recycling's)
+        self.successors = max((getattr(r, "successors", 0) for r in self.retrievers), default=0)
         self.tail = tail
         self.trace: list[dict] = []
         self.failed: set[str] = set()  # retrievers that raised (warned about once)

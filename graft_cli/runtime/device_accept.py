@@ -52,6 +52,14 @@ def accepted_rows(choice: torch.Tensor, inputs: StaticInputs) -> torch.Tensor:
     return torch.cat([count, choice.index_select(0, last), source])
 
 
+def successors(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Every row's top-k next tokens ``[B, 2k]``: ids (exact as floats below 2^24), then probabilities -- what
+    Token Recycling learns from every verified row (plugins/adjacency.py), read with the step's result."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    values, ids = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
+    return torch.cat([ids.to(torch.float32), values], dim=1)
+
+
 def compact(blocks: list[torch.Tensor], inputs: StaticInputs, source: torch.Tensor) -> None:
     """Move the accepted rows (``source``, from :func:`accepted_rows`) of every KV block down to ``past + i``;
     a padded index copies its row onto itself."""

@@ -33,7 +33,8 @@ def decode(
     watch = Stopwatch(stats.times)  # prefill, start (a draft model's own prefill, indexing), then each step's phases
     noise = None if sampling.greedy else Noise(0 if seed is None else seed, target.device)
     capacity = len(prompt) + max_new_tokens + ROOM  # the caches of target and draft are reserved once
-    device_step = target.device_step(sampling, noise)  # None: verified here, accepted on the host
+    # None: verified here, accepted on the host; else with the top-k a retriever learns from, in the step's read
+    device_step = target.device_step(sampling, noise, getattr(proposer, "successors", 0))
     out = target.prefill(list(prompt), proposer.wants_hidden, capacity)
     first = pick(out.logits[-1], sampling, noise, 0)
     context = [*prompt, first]
@@ -63,7 +64,7 @@ def decode(
         new = [tree.nodes[i].token for i in result.nodes] + [result.bonus]
         context.extend(new)
         watch.lap("accept")
-        proposer.observe(Step(context, new, tree, rows, out.logits, out.hidden))
+        proposer.observe(Step(context, new, tree, rows, out.logits, out.hidden, out.successors))
         watch.lap("update")
         stats.count_step(tree, result.nodes)
 

@@ -16,11 +16,13 @@ falls back to the eager verification and the host's acceptance (with the same no
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from functools import partial
+import numpy as np
 import torch
 
 from graft_cli.core import defaults_for, GraftError, Tree
-from graft_cli.runtime.device_accept import NoiseRing, accepted_rows, choose, compact
+from graft_cli.runtime.device_accept import NoiseRing, accepted_rows, choose, compact, successors
 from graft_cli.runtime.fixed_shapes import BUCKETS, StaticInputs, bucket, padded_forward
 from graft_cli.runtime.graphs import Capture, CudaCapture, Graphs
 from graft_cli.runtime.sampling import Noise, Sampling
@@ -28,6 +30,16 @@ from graft_cli.runtime.target import PREFILL_CHUNK, DeviceStep, Forward, Layers,
 from graft_cli.runtime.verify import Accepted, accept
 
 SWITCH = ("auto", "on", "off")  # --graphs
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One request's choices and reads: its sampling settings, its noise ring, the top-k every row also reads
+    (0: none)."""
+
+    sampling: Sampling
+    ring: NoiseRing | None
+    successors: int
 
 
 class FixedShapeTarget(Target):
@@ -42,6 +54,8 @@ class FixedShapeTarget(Target):
         self.graphs = Graphs(capture)
         self.inputs = {size: StaticInputs(size, self.device) for size in buckets}  # made once, written in place
         self.layout: tuple[int, ...] = ()  # where the KV blocks are: part of every graph's key
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.text_vocab = config.vocab_size  # the columns a retriever's vocabulary has (an LM head may be wider)
 
     def prefill(self, ids: list[int], hidden: bool = False, capacity: int | None = None, kept: int = 0) -> Forward:
         out = super().prefill(ids, hidden, capacity, kept)
@@ -51,19 +65,18 @@ class FixedShapeTarget(Target):
             self.layout = layout
         return out
 
-    def device_step(self, sampling: Sampling, noise: Noise | None) -> DeviceStep:
+    def device_step(self, sampling: Sampling, noise: Noise | None, successors: int = 0) -> DeviceStep:
         ring = None if noise is None else NoiseRing(noise, self.vocab_size, max(self.buckets) + 1)
-        return partial(self.step, sampling=sampling, ring=ring)
+        return partial(self.step, rule=Rule(sampling, ring, successors))
 
     @torch.inference_mode()
-    def step(self, root: int, tree: Tree, hidden: bool, position: int, sampling: Sampling,
-             ring: NoiseRing | None) -> tuple[Forward, Accepted]:
+    def step(self, root: int, tree: Tree, hidden: bool, position: int, rule: Rule) -> tuple[Forward, Accepted]:
         """Verify ``root`` + ``tree`` and accept on the device; ``position``: the generated-token index the
         root's row chooses (its noise row when sampling)."""
-        rows, past = len(tree) + 1, self.length
+        rows, past, ring = len(tree) + 1, self.length, rule.ring
         size = bucket(rows, self.buckets)
         if past + size > self.cache.layers[0].keys.shape[2]:  # no room to pad: the eager step
-            return self._eager(root, tree, hidden, position, sampling, ring)
+            return self._eager(root, tree, hidden, position, rule)
         inputs = self.inputs.get(size) or self.inputs.setdefault(size, StaticInputs(size, self.device))
         if ring is not None:
             ring.fill(position, position + int(tree.depths().max()) + 1)
@@ -73,29 +86,35 @@ class FixedShapeTarget(Target):
             padded = self.graphs.run(("verify", size, hidden, self.layout) if captured else None,
                                      partial(padded_forward, self.model, self.cache, self.cached, inputs, hidden))
         noise = None if ring is None else ring.rows
-        packed = self.graphs.run(
-            ("accept", size, sampling, self.layout, None if noise is None else noise.data_ptr()) if captured else None,
-            partial(self._accept_region, inputs, padded.logits, sampling, noise))
-        read = packed.tolist()  # the step's one read: how many rows, the bonus token, the rows
-        count, bonus = read[0], read[1]
+        key = ("accept", size, rule.sampling, rule.successors, self.layout,
+               None if noise is None else noise.data_ptr())
+        packed = self.graphs.run(key if captured else None,
+                                 partial(self._accept_region, inputs, padded.logits, rule, noise))
+        read = packed.to("cpu").numpy()  # the step's one read: how many rows, the bonus, the rows, the top-k
+        count, bonus = int(read[0]), int(read[1])
         self.length = past + count
         self.cache.settle(self.length)
         states = Layers(padded.hidden, self.device, rows) if hidden else None
-        return Forward(padded.logits[:rows], states), Accepted([r - 1 for r in read[3 : 2 + count]], bonus)
+        top = read[2 + size :].reshape(size, -1)[:rows].astype(np.float32) if rule.successors else None
+        return (Forward(padded.logits[:rows], states, top),
+                Accepted([int(r) - 1 for r in read[3 : 2 + count]], bonus))
 
-    def _accept_region(self, inputs: StaticInputs, logits: torch.Tensor, sampling: Sampling,
+    def _accept_region(self, inputs: StaticInputs, logits: torch.Tensor, rule: Rule,
                        noise: torch.Tensor | None) -> torch.Tensor:
-        """The target's choices, the accepted rows, and the cache compacted to them: what an acceptance graph
-        captures."""
+        """The target's choices, the accepted rows, the cache compacted to them, and (asked for) every row's
+        top-k: what an acceptance graph captures."""
         rows = None if noise is None else noise.index_select(0, inputs.slots)
-        packed = accepted_rows(choose(logits, sampling, rows), inputs)
+        packed = accepted_rows(choose(logits, rule.sampling, rows), inputs)
         compact(self._blocks(), inputs, packed[2:])
-        return packed
+        if not rule.successors:
+            return packed
+        top = successors(logits[:, : self.text_vocab], rule.successors)
+        return torch.cat([packed.double(), top.flatten().double()])
 
-    def _eager(self, root: int, tree: Tree, hidden: bool, position: int, sampling: Sampling,
-               ring: NoiseRing | None) -> tuple[Forward, Accepted]:
+    def _eager(self, root: int, tree: Tree, hidden: bool, position: int, rule: Rule) -> tuple[Forward, Accepted]:
+        """A step the buckets cannot hold: the eager verification and the host's acceptance (the same noise)."""
         out = self.verify(root, tree, hidden)
-        result = accept(tree, out.logits, sampling, ring, position)  # type: ignore[arg-type]  # the ring serves at()
+        result = accept(tree, out.logits, rule.sampling, rule.ring, position)  # type: ignore[arg-type]  # ring: at()
         self.keep(result.rows(), len(tree) + 1)
         return out, result
 

@@ -79,9 +79,9 @@ class MarginTarget(Target):
         self._margins.append(_margin(out.logits[0]))  # the root's row: the next token of plain decoding
         return out
 
-    def device_step(self, sampling: Sampling, noise: Noise | None) -> DeviceStep | None:
+    def device_step(self, sampling: Sampling, noise: Noise | None, successors: int = 0) -> DeviceStep | None:
         """The fixed-shape path's step, keeping the root row's margin as :meth:`verify` does."""
-        inner = super().device_step(sampling, noise)
+        inner = super().device_step(sampling, noise, successors)
         if inner is None:
             return None
 

@@ -31,6 +31,7 @@ Progress = Callable[[int, int], None]  # (prompt tokens prefilled so far, prompt
 class Forward:
     logits: torch.Tensor  # [T, V] for the T fed positions
     hidden: Sequence[torch.Tensor] | None  # per-layer hidden states [T, H] when asked for
+    successors: np.ndarray | None = None  # [T, 2k] top-k ids and probabilities, read with the step (Step's)
 
 
 # (root, tree, hidden wanted, the root row's generated-token index) -> the forward's outputs and what it accepted
@@ -145,10 +146,11 @@ class Target:
         self.length = past + n
         return self._forward(out, hidden)
 
-    def device_step(self, sampling: Sampling, noise: Noise | None) -> DeviceStep | None:
+    def device_step(self, sampling: Sampling, noise: Noise | None, successors: int = 0) -> DeviceStep | None:
         """A verification that accepts on the device and compacts its own cache, for one request (the
-        fixed-shape path, graft_cli/runtime/fixed_target.py); None here: the loop verifies, accepts on the host
-        (``verify.accept``) and calls :meth:`keep`."""
+        fixed-shape path, graft_cli/runtime/fixed_target.py; ``successors``: the top-k of every row it also
+        reads, for Token Recycling); None here: the loop verifies, accepts on the host (``verify.accept``) and
+        calls :meth:`keep`."""
         return None
 
     @torch.inference_mode()

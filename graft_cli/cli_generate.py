@@ -22,14 +22,14 @@ from graft_cli.core import GraftError
 if TYPE_CHECKING:
     from graft_cli.api import Generator
 
-SAMPLING, OUTPUT = "Sampling", "Output"
+INPUT, SAMPLING, OUTPUT = "Input", "Sampling", "Output"
 
 
 def generate(
-    text: Optional[str] = typer.Argument(None, metavar="PROMPT", help="The prompt (or --prompt, --prompt-file, stdin with -f -)."),
-    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Prompt text."),
-    prompt_file: Optional[str] = typer.Option(None, "--prompt-file", "-f", help="Read the prompt from FILE ('-' = stdin)."),
-    jsonl: bool = typer.Option(False, "--jsonl", help="Input is JSONL: {id, prompt} or {id, messages} per line; output is JSONL."),
+    text: Optional[str] = typer.Argument(None, metavar="PROMPT", rich_help_panel=INPUT, help="The prompt (or --prompt, --prompt-file, stdin with -f -)."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", rich_help_panel=INPUT, help="Prompt text."),
+    prompt_file: Optional[str] = typer.Option(None, "--prompt-file", "-f", rich_help_panel=INPUT, help="Read the prompt from FILE ('-' = stdin)."),
+    jsonl: bool = typer.Option(False, "--jsonl", rich_help_panel=INPUT, help="Input is JSONL: {id, prompt} or {id, messages} per line; output is JSONL."),
     model: Model = DEFAULT_MODEL,
     method: Method = "graft",
     draft: Draft = None,
@@ -47,8 +47,8 @@ def generate(
     retrievers: Retrievers = None,
     datastore: Datastore = None,
     retriever_opt: RetrieverOpt = [],
-    system: Optional[str] = typer.Option(None, "--system", "-s", help="A system prompt, before the prompt in the chat template."),
-    raw: bool = typer.Option(False, "--raw", help="Do not apply the chat template."),
+    system: Optional[str] = typer.Option(None, "--system", "-s", rich_help_panel=INPUT, help="A system prompt, before the prompt in the chat template."),
+    raw: bool = typer.Option(False, "--raw", rich_help_panel=INPUT, help="Do not apply the chat template."),
     max_new_tokens: MaxNewTokens = 256,
     temperature: float = typer.Option(0.0, "--temperature", "-t", min=0.0, rich_help_panel=SAMPLING, help="0 = greedy."),
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, rich_help_panel=SAMPLING, help="Sample from the smallest set of tokens whose probability reaches P (1 = all)."),

@@ -104,7 +104,7 @@ def test_device_acceptance_equals_verify_accept_on_random_trees():
         tree = matching_tree(rng, logits.argmax(-1).tolist(), size)
         logits = logits[: len(tree) + 1]
         inputs = StaticInputs(bucket(len(tree) + 1), CPU)
-        inputs.write(int(rng.integers(VOCAB)), tree, int(rng.integers(0, 50)), 0, 1)
+        inputs.write(int(rng.integers(VOCAB)), tree, tree.depths(), int(rng.integers(0, 50)), 0, 1)
         packed = accepted_rows(choose(padded(inputs, logits), greedy, None), inputs).tolist()
         want = accept(tree, logits, greedy)
         count = packed[0]
@@ -124,7 +124,7 @@ def test_device_choices_are_the_hosts_samples_from_the_same_noise():
         want = sample(logits, sampling, host, position, depths)
         inputs = StaticInputs(bucket(len(tree) + 1), CPU)
         ring.fill(position, position + int(depths.max()) + 1)
-        inputs.write(0, tree, 10, position, ring.size)
+        inputs.write(0, tree, depths, 10, position, ring.size)
         got = choose(padded(inputs, logits), sampling, ring.rows.index_select(0, inputs.slots))
         assert got[: len(tree) + 1].tolist() == want.tolist()
         position += int(rng.integers(1, int(depths.max()) + 2))
@@ -137,7 +137,7 @@ def test_the_device_mask_is_the_ancestor_mask_past_the_context():
         n, size = len(tree) + 1, bucket(len(tree) + 1)
         past = int(rng.integers(0, 40))
         inputs = StaticInputs(size, CPU)
-        inputs.write(1, tree, past, 0, 1)
+        inputs.write(1, tree, tree.depths(), past, 0, 1)
         allowed = (tree_mask(inputs, past + size + int(rng.integers(0, 30)), torch.float32)[0, 0] == 0).numpy()
         assert allowed[:, :past].all()  # every row sees the context
         assert (allowed[:n, past : past + n] == tree.ancestor_mask()).all()

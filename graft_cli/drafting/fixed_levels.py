@@ -47,9 +47,10 @@ class LevelInputs:
              mask: torch.Tensor) -> None:
         """This level's ``n`` rows (``mask [n, tree_rows + n]``: the tree rows each sees), the rest padding."""
         n = tokens.shape[0]
-        self.tokens.zero_()
+        if n < self.rows:  # padding: token 0 at position 0 (a full frontier, the usual level, has none)
+            self.tokens.zero_()
+            self.positions.zero_()
         self.tokens[:n].copy_(tokens)
-        self.positions.fill_(0)
         self.positions[:n].copy_(positions)
         torch.add(self.order, visible + tree_rows, out=self.write)
         self.visible.fill_(visible)

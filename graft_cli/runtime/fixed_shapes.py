@@ -58,20 +58,21 @@ class StaticInputs:
         self.parents, self.slots, self.ancestors = self.block[2], self.block[3], self.block[HEADER:]
         self.non_blocking = cuda
         self._used = size  # rows of the ancestor block the last write filled (the rest hold padding already)
-        self.array[HEADER:] = np.eye(size, dtype=np.int64)
+        self.eye = np.eye(size, dtype=np.int64)
+        self.array[HEADER:] = self.eye
 
-    def write(self, root: int, tree: Tree, past: int, position: int, ring: int) -> None:
-        """Fill the mirror for ``root`` + ``tree`` over ``past`` cached rows (``position``: the generated-token
-        index the root's row chooses; ``ring``: the noise ring's rows) and copy it to the device."""
+    def write(self, root: int, tree: Tree, depths: np.ndarray, past: int, position: int, ring: int) -> None:
+        """Fill the mirror for ``root`` + ``tree`` (``depths``: its rows', ``tree.depths()``) over ``past`` cached
+        rows (``position``: the generated-token index the root's row chooses; ``ring``: the noise ring's rows) and
+        copy it to the device."""
         n, size, a = len(tree) + 1, self.size, self.array
-        depths = tree.depths()
         a[0, 0], a[0, 1:n], a[0, n:] = root, tree.tokens(), 0
         a[1, :n], a[1, n:] = depths + past, past
         a[2, 0], a[2, 1:n], a[2, n:] = 0, tree.parents(), np.arange(n, size)
         a[3, :n], a[3, n:] = (depths + position) % ring, 0
         ancestors = a[HEADER:]
         used = max(n, self._used)
-        ancestors[:used, :used] = np.eye(used, dtype=np.int64)  # padding again where the last tree was
+        ancestors[:used, :used] = self.eye[:used, :used]  # padding again where the last tree was
         if n > 1:
             ancestors[:n, :n] = tree.ancestor_mask()
         self._used = n

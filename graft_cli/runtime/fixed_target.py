@@ -78,9 +78,10 @@ class FixedShapeTarget(Target):
         if past + size > self.cache.layers[0].keys.shape[2]:  # no room to pad: the eager step
             return self._eager(root, tree, hidden, position, rule)
         inputs = self.inputs.get(size) or self.inputs.setdefault(size, StaticInputs(size, self.device))
+        depths = tree.depths()
         if ring is not None:
-            ring.fill(position, position + int(tree.depths().max()) + 1)
-        inputs.write(root, tree, past, position, ring.size if ring is not None else 1)
+            ring.fill(position, position + int(depths.max()) + 1)
+        inputs.write(root, tree, depths, past, position, ring.size if ring is not None else 1)
         captured = size in self.buckets  # a tree past the largest bucket runs at its own size, eagerly
         with self.kernels:  # set while a graph records: what it records is what replays
             padded = self.graphs.run(("verify", size, hidden, self.layout) if captured else None,
@@ -97,7 +98,7 @@ class FixedShapeTarget(Target):
         states = Layers(padded.hidden, self.device, rows) if hidden else None
         top = read[2 + size :].reshape(size, -1)[:rows].astype(np.float32) if rule.successors else None
         return (Forward(padded.logits[:rows], states, top),
-                Accepted([int(r) - 1 for r in read[3 : 2 + count]], bonus))
+                Accepted((read[3 : 2 + count].astype(np.int64) - 1).tolist(), bonus))
 
     def _accept_region(self, inputs: StaticInputs, logits: torch.Tensor, rule: Rule,
                        noise: torch.Tensor | None) -> torch.Tensor:

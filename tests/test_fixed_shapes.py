@@ -18,7 +18,7 @@ from graft_cli.drafting import match_target
 from graft_cli.drafting.proposer import GraftProposer
 from graft_cli.runtime.device_accept import NoiseRing, accepted_rows, choose
 from graft_cli.runtime.engine import decode
-from graft_cli.runtime.fixed_shapes import BUCKETS, StaticInputs, bucket, tree_mask
+from graft_cli.runtime.fixed_shapes import BUCKETS, StaticInputs, bucket, key_rows, tree_mask
 from graft_cli.runtime.fixed_target import FixedShapeTarget, make_target
 from graft_cli.runtime.loading import load_model
 from graft_cli.runtime.sampling import Noise, Sampling, sample
@@ -145,12 +145,13 @@ def test_the_device_mask_is_the_ancestor_mask_past_the_context():
         assert not allowed[:n, past + n :].any()
 
 
-def test_padded_verification_gives_the_real_rows_logits_and_cache():
-    model, rng = tiny_model("qwen2", seed=4), np.random.default_rng(4)
-    prompt = rng.integers(0, VOCAB, 30).tolist()
+@pytest.mark.parametrize("past, capacity", [(30, 400), (1000, 2600)])  # keys: the whole cache; 2048 of it
+def test_padded_verification_gives_the_real_rows_logits_and_cache(past, capacity):
+    model, rng = tiny_model("qwen2", seed=4, max_position_embeddings=4096), np.random.default_rng(4)
+    prompt = rng.integers(0, VOCAB, past).tolist()
     eager, fixed = Target(model), FixedShapeTarget(model)
     for target in (eager, fixed):
-        target.prefill(prompt, capacity=400)
+        target.prefill(prompt, capacity=capacity)
     step = fixed.device_step(Sampling(), None)
     for position in range(1, 12):
         tree, root = random_tree(int(rng.integers(0, 100)), VOCAB, rng), int(rng.integers(VOCAB))
@@ -167,6 +168,8 @@ def test_padded_verification_gives_the_real_rows_logits_and_cache():
 def test_buckets():
     assert [bucket(n) for n in (1, 2, 16, 17, 128, 129, 200)] == [1, 16, 16, 32, 128, 192, 256]
     assert BUCKETS[0] == 1  # plain decoding is a bucket of its own
+    assert [key_rows(end, 5000) for end in (1, 1024, 1025, 2100, 4097)] == [1024, 1024, 2048, 4096, 5000]
+    assert key_rows(700, 800) == 800
 
 
 def test_one_read_a_step_and_buffers_that_stay_put():

@@ -6,9 +6,10 @@ anew), so here:
 
 - the tree (with its root) is padded to a **bucket** of rows (:data:`BUCKETS`; plain decoding is the 1-row one);
   a padded row feeds token 0 at the root's position and sees only itself (a row that sees nothing gives NaN);
-- the keys are the request's **whole reserved cache** (graft_cli/runtime/kv_cache.py): a forward writes its rows
-  at ``past + i`` through a device index and attention reads every row of the block, the rows past the tree
-  masked (they are zero-filled or hold old finite rows: a NaN there would still poison the output);
+- the keys are the request's **reserved cache** (graft_cli/runtime/kv_cache.py): a forward writes its rows at
+  ``past + i`` through a device index and attention reads the block's first :func:`key_rows` rows -- 1024, then
+  powers of two, then all of it -- the rows past the tree masked (they are zero-filled or hold old finite rows:
+  a NaN there would still poison the output);
 - the **inputs** -- tokens, positions, each row's parent, its noise slot and its ancestor row -- are one static
   device block per bucket, written in place by ONE host-to-device copy a step (pinned and asynchronous on CUDA);
 - the additive **mask** ``[1, 1, B, capacity]`` is made on the device from the ancestor rows and the root's
@@ -29,6 +30,7 @@ from graft_cli.core import Tree
 
 BUCKETS = (1, 16, 32, 64, 128)  # rows a verification is padded to (root + tree)
 PAST_LARGEST = 64  # a bigger tree is padded to a multiple of this, and runs eagerly
+KEYS_FROM = 1024  # the fewest keys a verification reads; then powers of two, up to the reserved cache
 HEADER = 4  # input rows before the ancestor rows: tokens, positions, parents, noise slots
 
 
@@ -38,6 +40,16 @@ def bucket(rows: int, buckets: tuple[int, ...] = BUCKETS) -> int:
         if rows <= size:
             return size
     return -(-rows // PAST_LARGEST) * PAST_LARGEST
+
+
+def key_rows(end: int, capacity: int) -> int:
+    """The keys a verification reaching row ``end`` reads: a power of two from :data:`KEYS_FROM` on (a few
+    graphs per bucket over a long generation), never past the reserved cache. Reading the whole cache instead
+    would make a short prompt's first steps read all the rows a long answer reserved."""
+    rows = KEYS_FROM
+    while rows < end:
+        rows *= 2
+    return min(rows, capacity)
 
 
 class StaticInputs:
@@ -111,16 +123,17 @@ class Padded:
     hidden: tuple[torch.Tensor, ...] | None  # per layer [1, B, H], when asked for
 
 
-def padded_forward(model: torch.nn.Module, cache, cached: dict, inputs: StaticInputs, hidden: bool) -> Padded:
+def padded_forward(model: torch.nn.Module, cache, cached: dict, inputs: StaticInputs, hidden: bool,
+                   keys: int) -> Padded:
     """The target's forward over one bucket's inputs: rows written at ``past + i`` through the cache's device
-    index, every key of the block read under :func:`tree_mask`. What a verification graph captures."""
-    keys = cache.layers[0].keys
+    index, the first ``keys`` keys of the block read under :func:`tree_mask`. What a verification graph
+    captures."""
     past = inputs.positions[0, :1]
-    cache.write_index = past + torch.arange(inputs.size, device=past.device)
+    cache.write_index, cache.read_rows = past + torch.arange(inputs.size, device=past.device), keys
     try:
         out = model(input_ids=inputs.tokens, position_ids=inputs.positions,
-                    attention_mask=tree_mask(inputs, keys.shape[2], keys.dtype), **cached, use_cache=True,
+                    attention_mask=tree_mask(inputs, keys, cache.layers[0].keys.dtype), **cached, use_cache=True,
                     output_hidden_states=hidden)
     finally:
-        cache.write_index = None
+        cache.write_index, cache.read_rows = None, None
     return Padded(out.logits[0], tuple(out.hidden_states) if hidden else None)

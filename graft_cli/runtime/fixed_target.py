@@ -23,7 +23,7 @@ import torch
 
 from graft_cli.core import defaults_for, GraftError, Tree
 from graft_cli.runtime.device_accept import NoiseRing, accepted_rows, choose, compact, successors
-from graft_cli.runtime.fixed_shapes import BUCKETS, StaticInputs, bucket, padded_forward
+from graft_cli.runtime.fixed_shapes import BUCKETS, StaticInputs, bucket, key_rows, padded_forward
 from graft_cli.runtime.graphs import Capture, CudaCapture, Graphs
 from graft_cli.runtime.sampling import Noise, Sampling
 from graft_cli.runtime.target import PREFILL_CHUNK, DeviceStep, Forward, Layers, Progress, Target, input_device
@@ -74,9 +74,10 @@ class FixedShapeTarget(Target):
         """Verify ``root`` + ``tree`` and accept on the device; ``position``: the generated-token index the
         root's row chooses (its noise row when sampling)."""
         rows, past, ring = len(tree) + 1, self.length, rule.ring
-        size = bucket(rows, self.buckets)
-        if past + size > self.cache.layers[0].keys.shape[2]:  # no room to pad: the eager step
+        size, capacity = bucket(rows, self.buckets), self.cache.layers[0].keys.shape[2]
+        if past + size > capacity:  # no room to pad: the eager step
             return self._eager(root, tree, hidden, position, rule)
+        keys = key_rows(past + size, capacity)
         inputs = self.inputs.get(size) or self.inputs.setdefault(size, StaticInputs(size, self.device))
         depths = tree.depths()
         if ring is not None:
@@ -84,8 +85,9 @@ class FixedShapeTarget(Target):
         inputs.write(root, tree, depths, past, position, ring.size if ring is not None else 1)
         captured = size in self.buckets  # a tree past the largest bucket runs at its own size, eagerly
         with self.kernels:  # set while a graph records: what it records is what replays
-            padded = self.graphs.run(("verify", size, hidden, self.layout) if captured else None,
-                                     partial(padded_forward, self.model, self.cache, self.cached, inputs, hidden))
+            padded = self.graphs.run(("verify", size, hidden, keys, self.layout) if captured else None,
+                                     partial(padded_forward, self.model, self.cache, self.cached, inputs, hidden,
+                                             keys))
         noise = None if ring is None else ring.rows
         key = ("accept", size, rule.sampling, rule.successors, self.layout,
                None if noise is None else noise.data_ptr())

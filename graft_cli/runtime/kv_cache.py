@@ -22,7 +22,7 @@ reserves (``Target.prefill(ids, capacity=...)``) never reallocate.
 
 The fixed-shape path (graft_cli/runtime/fixed_target.py) uses the same blocks another way: while
 ``PositionCache.write_index`` holds a device tensor of positions, a forward writes its rows there and attention
-reads the WHOLE block, its unfilled rows masked, so every forward of a bucket has one shape and touches no
+reads the block's first ``read_rows`` rows (all of them unless set), its unfilled rows masked, so every forward of a bucket has one shape and touches no
 Python-int slice (what a CUDA graph needs). Blocks it reads are made zero-filled (``zeroed``): a masked key still
 multiplies its value by a zero weight, and garbage there could be NaN.
 """
@@ -67,10 +67,11 @@ class PositionLayer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         index = self.cache.write_index
-        if index is not None:  # fixed shapes: rows written where the device index says, the whole block read
+        if index is not None:  # fixed shapes: rows written where the device index says, a fixed span read
             self.keys.index_copy_(2, index, key_states)
             self.values.index_copy_(2, index, value_states)
-            return self.keys, self.values
+            rows = self.cache.read_rows
+            return (self.keys, self.values) if rows is None else (self.keys[:, :, :rows], self.values[:, :, :rows])
         end = self.make_room(key_states)
         self.keys[:, :, self.filled : end] = key_states
         self.values[:, :, self.filled : end] = value_states
@@ -104,6 +105,7 @@ class PositionCache(Cache):
         self.capacity = 0
         self.block: torch.Tensor | None = None  # [layers, 2, batch, heads, capacity, head_dim]
         self.write_index: torch.Tensor | None = None  # set: the fixed-shape path's forward (module docstring)
+        self.read_rows: int | None = None  # ... and the leading rows its attention reads (None: the whole block)
         self.zeroed = False  # new blocks made zero-filled (the fixed-shape path reads unfilled rows, masked)
 
     def reserve(self, capacity: int, keep: int = 0) -> None:

@@ -14,6 +14,10 @@ on a GPU and that it changes no token. ``--smoke`` runs the same code on a CPU, 
   EAGLE-3 head on the path (benchmarks/host_overhead.py's replay, its captured regions excluded);
 - ``fixed-shape METHOD (float32)``: every method on the path (its draft levels included) against the eager path,
   token for token, on the tiny synthetic models.
+
+``python benchmarks/gpu_fixed.py --profile`` prints, for a GPU session's diagnosis, where a one-token step's and a
+head level's device time goes (torch's profiler, eager and on the path). Both need graft installed where they run
+(``pip install --no-deps .``: the methods find their drafters through its entry points).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -152,7 +157,7 @@ def head_drafter(model: torch.nn.Module, head: Eagle3Head, fixed: bool, past: in
         drafter.fix_levels(CudaCapture() if head.device.type == "cuda" else None)
     device, width = head.device, model.config.hidden_size
     hidden = [torch.randn((past, width), device=device, dtype=head.dtype) for _ in range(drafter.num_states)]
-    prompt = list(range(past))
+    prompt = [i % model.config.vocab_size for i in range(past)]
     drafter.start(prompt, Step(prompt + [1], [1], Tree(), list(range(past)), None, hidden), past + 4096)
     drafter.draft(prompt + [1], 60, Stats())  # the prompt read: every later draft feeds one row first
     drafter.observe(Step(prompt + [1, 2], [2], Tree(), [0], None, [h[:1] for h in hidden]))
@@ -167,7 +172,7 @@ def check_head(table, model: torch.nn.Module, device: str, past: int, repeats: i
     for fixed in (True, False):
         head.reset(past + 4096)
         drafter = head_drafter(model, head, fixed, past, top_k)
-        features, context = drafter.pending_features, list(range(past)) + [1, 2]
+        features, context = drafter.pending_features, [i % model.config.vocab_size for i in range(past)] + [1, 2]
 
         def draft() -> None:
             drafter.pending_features, drafter.pending_tokens = list(features), [3]
@@ -175,19 +180,8 @@ def check_head(table, model: torch.nn.Module, device: str, past: int, repeats: i
             drafter._drop_tree([])
 
         whole = timed(draft, sync, repeats)
-        draft()
-        start, rows = drafter.tree_rows, top_k
-        tokens = torch.arange(rows, device=head.device)
-        states = torch.randn((rows, head.cfg.hidden), device=head.device, dtype=head.dtype)
-        mask = torch.ones((rows, rows), dtype=torch.bool, device=head.device).tril()
-        def level() -> None:  # the tree's first level again: the head's cache cropped back after it
-            drafter._grow(tokens, states, 2, mask)
-            head.crop(drafter.committed)
-
         with torch.inference_mode():  # as the draft's own levels run
-            level_ms = timed(level, sync, repeats)
-        drafter.tree_rows = start
-        figures[fixed] = (level_ms, whole)
+            figures[fixed] = (timed(partial(_level, drafter, head), sync, repeats), whole)
     (level, whole), (eager_level, eager_whole) = figures[True], figures[False]
     params = sum(w.numel() for w in head.w.values()) / 1e9
     table.add("fixed head level", None, f"{level:.3f} ms for {top_k} rows ({params:.2f}B-parameter head, "
@@ -247,3 +241,58 @@ def check_all(table, device: str, dtype: str, scale, prompts: list[list[int]]) -
         check_host(table, device, dtype, target_dir, head_dir, prompts, scale.new_tokens)
         check_methods(table, device, target_dir, head_dir, Path(tmp), prompts[:4], min(scale.new_tokens, 64),
                       scale.depth)
+
+
+def profile(device: str, shape: dict, dtype: torch.dtype, past: int = 512) -> None:
+    """Where a one-token step's and a head level's device time goes, eager and on the path: torch's profiler,
+    the kernels by device time (``python benchmarks/gpu_fixed.py --profile``: for a GPU session's diagnosis)."""
+    from torch.profiler import ProfilerActivity, profile as profiled  # lazy: only this diagnosis uses it
+
+    model, sync = big_model(shape, device, dtype), syncer(device)
+    runs: dict[str, Callable[[], object]] = {}
+    for switch in ("off", "on"):
+        target = make_target(model, switch)
+        target.prefill([i % shape["vocab_size"] for i in range(past)], capacity=past + 512)
+        runs[f"one-token step, graphs {switch}"] = partial(_step(target), Tree(), reset=True)
+    head = random_head(model, 32000 if device.startswith("cuda") else shape["vocab_size"] // 2)
+    for fixed in (False, True):
+        head.reset(past + 4096)
+        drafter = head_drafter(model, head, fixed, past, 8)
+        runs[f"head level, fixed {fixed}"] = partial(_level, drafter, head)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    for name, run in runs.items():
+        with torch.inference_mode():
+            for _ in range(5):
+                run()
+            sync()
+            with profiled(activities=activities) as prof:
+                for _ in range(5):
+                    run()
+                sync()
+        averages = prof.key_averages()
+        total = sum(e.self_device_time_total for e in averages) / 5 / 1000
+        print(f"== {name}: {total:.3f} ms of device time a call")
+        print(averages.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=60))
+
+
+def _level(drafter: Eagle3Drafter, head: Eagle3Head) -> None:
+    """The tree's first level again, the head's cache cropped back after it."""
+    rows, device = drafter.top_k, head.device
+    drafter._grow(torch.arange(rows, device=device), torch.ones((rows, head.cfg.hidden), device=device,
+                  dtype=head.dtype), 2, torch.ones((rows, rows), dtype=torch.bool, device=device).tril())
+    head.crop(drafter.committed)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=profile.__doc__.split(":")[0])
+    parser.add_argument("--profile", action="store_true", help="profile a step and a head level (else: --help)")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
+    args = parser.parse_args()
+    if not args.profile:
+        parser.error("run it with --profile (the rows themselves run from gpu_check.py)")
+    from gpu_check import GPU, SMOKE  # lazy: gpu_check imports this module
+
+    scale = SMOKE if args.smoke else GPU
+    profile("cpu" if args.smoke else "cuda", scale.latency_shape, torch.float32 if args.smoke else torch.bfloat16)

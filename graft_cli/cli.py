@@ -1,5 +1,9 @@
 """The ``graft`` command tree. Each command group lives in its own ``cli_*.py`` module; this one wires them up
-and turns every user error into one line on stderr with exit code 2 (``GRAFT_DEBUG=1`` shows the traceback)."""
+and turns every user error into one line on stderr with exit code 2 (``GRAFT_DEBUG=1`` shows the traceback).
+
+The command modules import their work inside the command functions, the one place in graft where imports wait:
+``graft --help``, a usage error and the light commands then start without loading torch or transformers (about a
+second each)."""
 
 from __future__ import annotations
 

@@ -37,11 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_pieces.py, besid
 import gpu_pieces as pieces  # noqa: E402
 from gpu_runbook import plan_text  # noqa: E402
 
+from datastores.atomic import write_text_atomic  # noqa: E402
 from graft_cli.core import GraftError  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 MODEL_STEM = "model"
 CORPUS = "corpus.npz"
+QUESTIONS = "questions.jsonl"  # the real-weights check's Spec-Bench questions
 GPU_WHEELS = ("gguf", "pydivsufsort")  # at this checkout's versions
 GPU_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
                  "manylinux2014_x86_64", "manylinux1_x86_64")
@@ -139,6 +141,22 @@ def prepare(folder: Path, corpus: list[str], piece_bytes: int) -> None:
         gpu_wheel(f"{package}=={version(package)}", folder / "whl")
     meta = pack_corpus(corpus, MODEL, folder / CORPUS)
     print(f"{CORPUS}: {meta['tokens']:,} tokens in {meta['documents']:,} documents", file=sys.stderr)
+    count = write_questions(folder / QUESTIONS)
+    print(f"{QUESTIONS}: {count} Spec-Bench questions for the real-weights check", file=sys.stderr)
+
+
+def write_questions(dest: Path, count: int = 16) -> int:
+    """Spec-Bench questions for the real-weights check on the GPU (the shared data does not travel): one per
+    category in turn, first questions first, ``count`` in all."""
+    from graft_cli.bench.datasets import load_questions, resolve_dataset
+
+    by_category: dict[str, list] = {}
+    for q in load_questions(resolve_dataset("spec-bench")):
+        by_category.setdefault(q.category, []).append(q)
+    picked = [qs[i] for i in range(count) for qs in by_category.values() if i < len(qs)][:count]
+    lines = [json.dumps({"question_id": q.question_id, "category": q.category, "turns": list(q.turns)}) for q in picked]
+    write_text_atomic(dest, "\n".join(lines) + "\n")
+    return len(picked)
 
 
 # --- there: one call trains ----------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from graft_cli.catalog.entries import DEFAULT_MODEL
 from graft_cli.cli_options import (
     AdjacencyFile, Budget, Chain, Datastore, Depth, Device, DeviceMap, Draft, DraftTopK, DraftVocab, DraftWeights,
     DraftWindow, Dtype, Graphs, MaxNewTokens, Method, Model, PrefillChunk, PruneAt, RetrieverOpt, Retrievers,
-    RopeTheta, TreeShape, Truncate, draft_settings, retriever_options,
+    RopeTheta, TreeShape, Truncate, method_config,
 )
 from graft_cli.core import GraftError
 
@@ -65,7 +65,7 @@ def generate(
 ) -> None:
     """Generate text from a prompt, losslessly faster."""
     from graft_cli.api import open_generator
-    from graft_cli.method_config import MethodConfig, parse_budget, with_response_cache
+    from graft_cli.method_config import with_response_cache
     from graft_cli.prefill_bar import PrefillBar
 
     given = [x for x in (text, prompt, prompt_file) if x is not None]
@@ -79,9 +79,7 @@ def generate(
             raise GraftError("no prompt: give it as an argument, --prompt TEXT or --prompt-file FILE ('-' for stdin)")
         if not text.strip():
             raise GraftError("the prompt is empty")
-    options = retriever_options(retriever_opt, datastore, adjacency_file)
-    config = MethodConfig(method, parse_budget(budget), retrievers.split(",") if retrievers else None, options, draft,
-                          draft_settings(locals()), tree=tree)
+    config = method_config(locals())
     if jsonl:  # a batch repeats itself: its answers are retrieved from (unless --retrievers says otherwise)
         config = with_response_cache(config)
     settings = dict(system=system, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
@@ -179,7 +177,4 @@ def _prompt_of(record) -> str | list[dict]:
     messages = record["messages"]
     if not isinstance(messages, list) or not messages:
         raise GraftError('"messages" must be a non-empty list')
-    for i, m in enumerate(messages):
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise GraftError(f'messages[{i}] must be an object with "role" and "content" texts')
-    return messages
+    return messages  # each message is checked where every caller's are (graft_cli/api.py)

@@ -15,7 +15,7 @@ from graft_cli.core.defaults import CPU, CUDA, MAX_LEVELS, both
 from graft_cli.core.env import DraftSettings, Options
 from graft_cli.core.errors import GraftError
 from graft_cli.core.prune import DEFAULT_SCHEDULE
-from graft_cli.method_config import ALIAS_HELP
+from graft_cli.method_config import ALIAS_HELP, MethodConfig, parse_budget
 
 MODEL, SPECULATION, DEVICE, OUTPUT = "Model", "Speculation", "Device", "Output"
 
@@ -69,9 +69,14 @@ Graphs = Annotated[str, typer.Option(
 PrefillChunk = Annotated[int, typer.Option("--prefill-chunk", min=1, rich_help_panel=DEVICE, help="Prompt tokens per prefill forward (bounds the prefill's peak memory; a progress bar shows on a terminal when the prefill takes over 2 s).")]
 
 
-def draft_settings(params: dict[str, Any]) -> DraftSettings:
-    """The drafting settings from a command's parameters (named as the fields of DraftSettings)."""
-    return DraftSettings(**{f.name: params[f.name] for f in fields(DraftSettings)})
+def method_config(params: dict[str, Any]) -> MethodConfig:
+    """The method configuration from a command's parameters, named as the shared options above (``generate`` and
+    ``serve`` take the same ones): one place that turns the flags into a MethodConfig."""
+    options = retriever_options(params["retriever_opt"], params["datastore"], params["adjacency_file"])
+    retrievers = params["retrievers"].split(",") if params["retrievers"] else None
+    drafting = DraftSettings(**{f.name: params[f.name] for f in fields(DraftSettings)})
+    return MethodConfig(params["method"], parse_budget(params["budget"]), retrievers, options, params["draft"],
+                        drafting, tree=params["tree"])
 
 
 def retriever_options(pairs: list[str], datastore: str | None, adjacency_file: str | None = None) -> Options:

@@ -12,7 +12,7 @@ from graft_cli.catalog.entries import DEFAULT_MODEL
 from graft_cli.cli_options import (
     AdjacencyFile, Budget, Chain, Datastore, Depth, Device, DeviceMap, Draft, DraftTopK, DraftVocab, DraftWeights,
     DraftWindow, Dtype, Graphs, MaxNewTokens, Method, Model, PrefillChunk, PruneAt, RetrieverOpt, Retrievers,
-    RopeTheta, TreeShape, Truncate, draft_settings, retriever_options,
+    RopeTheta, TreeShape, Truncate, method_config,
 )
 
 SERVER = "Server"
@@ -52,12 +52,10 @@ def serve(
 ) -> None:
     """Serve the model over the OpenAI API: chat and text completions, streamed or whole."""
     from graft_cli.api import open_generator
-    from graft_cli.method_config import MethodConfig, parse_budget, with_response_cache
+    from graft_cli.method_config import with_response_cache
     from graft_cli.server.app import Service, serve as run_server
 
-    options = retriever_options(retriever_opt, datastore, adjacency_file)
-    config = MethodConfig(method, parse_budget(budget), retrievers.split(",") if retrievers else None, options, draft,
-                          draft_settings(locals()), tree=tree)
+    config = method_config(locals())
     if response_cache:
         config = with_response_cache(config)
     generator = open_generator(model, config, device, dtype, device_map, prefill_chunk, graphs=graphs)

@@ -194,7 +194,8 @@ def test_one_read_a_step_and_buffers_that_stay_put():
 
 def test_recycling_learns_the_same_table_from_the_steps_one_read():
     """Token Recycling's top-k comes with the step's read on the path: the same table and tokens as the eager
-    path's device top-k, and the whole step (retrievers and all) reads the device once after the first."""
+    path's device top-k; the prefill reads its token and its row's top-k together, and every step (retrievers
+    and all, the first included) reads the device once."""
     model, prompt = tiny_model(seed=7), prompts(1)[0]
     runs = {}
     for target in (Target(model), FixedShapeTarget(model)):
@@ -202,8 +203,9 @@ def test_recycling_learns_the_same_table_from_the_steps_one_read():
         proposer = GraftProposer(12, [PromptLookup(), retriever])
         mode, reads = Discipline(scope=("graft_cli/", "plugins/"), strict=False), [0]
         steps = decode(target, proposer, prompt, Sampling(), 50, set(), 0)
-        got = list(next(steps))
         with mode:
+            got = list(next(steps))
+            reads.append(mode.reads)
             for new in steps:
                 got += new
                 reads.append(mode.reads)
@@ -212,7 +214,7 @@ def test_recycling_learns_the_same_table_from_the_steps_one_read():
     (eager, table, probs, _), (fixed, fixed_table, fixed_probs, reads) = runs[Target], runs[FixedShapeTarget]
     assert fixed == eager and torch.equal(fixed_table, table)
     torch.testing.assert_close(fixed_probs, probs)
-    assert list(reads[1:]) == [1] * (len(reads) - 1)  # the first step also brings the prefill's row over
+    assert list(reads) == [1] * len(reads)  # the prefill's, then each step's
 
 
 def test_the_new_modules_keep_device_discipline():

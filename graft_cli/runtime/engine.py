@@ -9,7 +9,7 @@ from time import perf_counter
 from typing import Iterator, Sequence
 
 from graft_cli.core import ROOM, Proposer, Stats, Step, Stopwatch, Tree
-from graft_cli.runtime.sampling import Noise, Sampling, pick
+from graft_cli.runtime.sampling import Noise, Sampling
 from graft_cli.runtime.target import Target
 from graft_cli.runtime.verify import accept
 
@@ -36,10 +36,11 @@ def decode(
     # None: verified here, accepted on the host; else with the top-k a retriever learns from, in the step's read
     device_step = target.device_step(sampling, noise, getattr(proposer, "successors", 0))
     out = target.prefill(list(prompt), proposer.wants_hidden, capacity)
-    first = pick(out.logits[-1], sampling, noise, 0)
+    first, top = target.first(out.logits[-1], sampling, noise, getattr(proposer, "successors", 0))
     context = [*prompt, first]
     watch.lap("prefill")
-    proposer.start(prompt, Step(context, [first], Tree(), list(range(len(prompt))), out.logits, out.hidden), capacity)
+    prefill = Step(context, [first], Tree(), list(range(len(prompt))), out.logits, out.hidden, top)
+    proposer.start(prompt, prefill, capacity)
     watch.lap("start")
     new = [first]
     while True:

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from graft_cli.core import defaults_for, GraftError, Tree
-from graft_cli.runtime.device_accept import NoiseRing, accepted_rows, choose, compact, successors
+from graft_cli.runtime.device_accept import NoiseRing, accepted_rows, choose, compact
+from graft_cli.runtime.device_accept import successors as top_k_rows
 from graft_cli.runtime.fixed_shapes import BUCKETS, StaticInputs, bucket, key_rows, padded_forward
 from graft_cli.runtime.graphs import Capture, CudaCapture, Graphs
 from graft_cli.runtime.sampling import Noise, Sampling
@@ -64,6 +65,23 @@ class FixedShapeTarget(Target):
             self.graphs.forget()
             self.layout = layout
         return out
+
+    @torch.inference_mode()
+    def first(self, logits: torch.Tensor, sampling: Sampling, noise: Noise | None,
+              successors: int = 0) -> tuple[int, np.ndarray | None]:
+        """The prefill's token and (asked for) its row's top-k in one read, so that a request's first step, like
+        every other, reads the device once."""
+        if not successors:
+            return super().first(logits, sampling, noise)
+        rows = None
+        if not sampling.greedy:
+            if noise is None:
+                raise ValueError("sampling needs noise: a seed")
+            rows = noise.at(torch.zeros(1, dtype=torch.long, device=logits.device), 0, 1, logits.shape[-1])
+        choice = choose(logits[None], sampling, rows)
+        top = top_k_rows(logits[None, : self.text_vocab], successors)
+        read = torch.cat([choice.double(), top.flatten().double()]).to("cpu").numpy()
+        return int(read[0]), read[1:].reshape(1, -1).astype(np.float32)
 
     def device_step(self, sampling: Sampling, noise: Noise | None, successors: int = 0) -> DeviceStep:
         ring = None if noise is None else NoiseRing(noise, self.vocab_size, max(self.buckets) + 1)
@@ -111,7 +129,7 @@ class FixedShapeTarget(Target):
         compact(self._blocks(), inputs, packed[2:])
         if not rule.successors:
             return packed
-        top = successors(logits[:, : self.text_vocab], rule.successors)
+        top = top_k_rows(logits[:, : self.text_vocab], rule.successors)
         return torch.cat([packed.double(), top.flatten().double()])
 
     def _eager(self, root: int, tree: Tree, hidden: bool, position: int, rule: Rule) -> tuple[Forward, Accepted]:

@@ -19,7 +19,7 @@ import torch
 from graft_cli.runtime.attention import use_split_attention
 from graft_cli.runtime.attention_kernels import attention_kernels
 from graft_cli.runtime.kv_cache import PositionCache, cache_keyword
-from graft_cli.runtime.sampling import Noise, Sampling
+from graft_cli.runtime.sampling import Noise, Sampling, pick
 from graft_cli.runtime.verify import Accepted
 from graft_cli.core import ROOM, Tree
 
@@ -145,6 +145,12 @@ class Target:
             )
         self.length = past + n
         return self._forward(out, hidden)
+
+    def first(self, logits: torch.Tensor, sampling: Sampling, noise: Noise | None,
+              successors: int = 0) -> tuple[int, np.ndarray | None]:
+        """The prefill's token from its last row of logits ``[V]``; here one read, and no top-k (a retriever that
+        learns from it computes its own on the device, read with its next lookup)."""
+        return pick(logits, sampling, noise, 0), None
 
     def device_step(self, sampling: Sampling, noise: Noise | None, successors: int = 0) -> DeviceStep | None:
         """A verification that accepts on the device and compacts its own cache, for one request (the

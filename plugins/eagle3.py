@@ -25,6 +25,7 @@ class Eagle3Drafter(TreeDrafter):
         super().__init__(depth, top_k, prune, chain)
         self.head = head
         self.layers = head_layers(head.cfg, target.config.num_hidden_layers)
+        self.feature_layers = tuple(self.layers)  # gathered for the accepted rows by a fixed-shape target
         self.num_states = target.config.num_hidden_layers + 1
         self.pending_features: list[torch.Tensor] = []  # [n, 3·Ht] target features of pairs not yet fed
         self.pending_tokens: list[int] = []
@@ -48,8 +49,12 @@ class Eagle3Drafter(TreeDrafter):
 
     def observe(self, step: Step) -> None:
         super().observe(step)
-        # the root and every accepted node, each paired with the token that followed it
-        self.pending_features.append(self._features(step.hidden, list(step.kept)))
+        # the root and every accepted node, each paired with the token that followed it (gathered already on the
+        # fixed-shape path, in a graph's output that the next step overwrites: copied)
+        if step.features is not None:
+            self.pending_features.append(step.features.clone())
+        else:
+            self.pending_features.append(self._features(step.hidden, list(step.kept)))
         self.pending_tokens.extend(step.accepted)
 
     def _drop_tree(self, keep_rows: list[int]) -> None:

@@ -67,11 +67,12 @@ class CompiledCapture:
 def into(static, new) -> None:
     """Copy a region's fresh outputs into its static ones."""
     if isinstance(static, Padded):
-        into((static.logits, *(static.hidden or ())), (new.logits, *(new.hidden or ())))
+        into((static.logits, *(static.hidden or ()), static.features), (new.logits, *(new.hidden or ()), new.features))
     elif isinstance(static, tuple):
         for mine, theirs in zip(static, new):
-            mine.copy_(theirs)
-    else:
+            if mine is not None:
+                mine.copy_(theirs)
+    elif static is not None:
         static.copy_(new)
 
 
@@ -162,13 +163,33 @@ def test_draft_levels_compile_whole_and_never_recompile(tmp_path, drafter):
         build = lambda: eagle3_proposer(tmp_path / "head", model, cost_aware=drafter.endswith("cost-aware"))  # noqa: E731
     prompt = np.random.default_rng(10).integers(0, VOCAB, 24).tolist()
     prompt += prompt[:12]  # something for prompt lookup to find
-    truth = decoded(Target(model), build(), prompt, Sampling(), 40)
+    eager = build()
+    eager_trees = recorded(eager)
+    truth = decoded(Target(model), eager, prompt, Sampling(), 40)
     capture = CompiledCapture()
     target = FixedShapeTarget(model, capture=capture)
     proposer = match_target(build(), target)
+    trees = recorded(proposer)
     drafter_graphs = proposer.drafter.fixed.graphs
     target.graphs.warmup = drafter_graphs.warmup = 1
     assert decoded(target, proposer, prompt, Sampling(), 40) == truth
     levels = [key for key in drafter_graphs.captured if key[0].endswith("level")]
     assert levels and capture.compiles == len(target.graphs.captured) + len(drafter_graphs.captured)
     assert capture.replays >= 10
+    # a head reads its layers of the accepted rows as the verification graph's one small output, gathered in
+    # the acceptance graph: the same drafts as from the eager path's every-layer states
+    layers = getattr(proposer.drafter, "feature_layers", ())
+    assert {key[3] for key in target.graphs.captured if key[0] == "verify"} == {layers}
+    assert trees == eager_trees
+
+
+def recorded(proposer) -> list[list[tuple[int, int]]]:
+    """Every tree ``proposer`` proposes from now on, as (token, parent) pairs: filled as it proposes."""
+    trees, propose = [], proposer.propose
+
+    def recording(context, stats):
+        tree = propose(context, stats)
+        trees.append([(node.token, node.parent) for node in tree.nodes])
+        return tree
+    proposer.propose = recording
+    return trees

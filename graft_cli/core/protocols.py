@@ -42,6 +42,8 @@ class Drafter(Protocol):
     (graft_cli.drafting.TreeDrafter implements it all; a plugin subclasses it or writes its own)."""
 
     wants_hidden: bool  # whether observe() needs the target's hidden states (EAGLE heads do)
+    # optional ``feature_layers: tuple[int, ...]``: the layers it reads of them; the fixed-shape path then hands
+    # observe() those layers of the accepted rows, gathered on the device (``Step.features``)
     levels: int  # tree levels the last draft grew (the trace records them)
     forward_rows: list[int]  # rows fed by each forward of the last draft (the objective measures their cost)
     catch_up_s: float  # seconds the last draft spent first reading the request's prompt (a cost of joining)

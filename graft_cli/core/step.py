@@ -25,3 +25,7 @@ class Step:
     # the target's top-k next tokens at each fed row, on the host: [T, 2k] ids (exact as floats) then their
     # probabilities, when a proposer asks (``successors``) and the fixed-shape path read them with the step
     successors: "np.ndarray | None" = None
+    # the kept rows' hidden states of the layers the drafter names (``feature_layers``), side by side
+    # ``[len(kept), F]``: gathered on the device by the fixed-shape path, instead of ``hidden``; valid until the
+    # next step (a captured graph's output), so a drafter that keeps them copies them
+    features: "torch.Tensor | None" = None

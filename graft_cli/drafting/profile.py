@@ -182,6 +182,7 @@ class AutoBudget:
         self.inner, self.latency, self.clock = inner, latency, clock
         self.wants_hidden = inner.wants_hidden
         self.successors = getattr(inner, "successors", 0)
+        self.feature_layers = getattr(inner, "feature_layers", ())
         self.chosen: list[int] = []  # tree nodes kept per step, across every generation
 
     def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:

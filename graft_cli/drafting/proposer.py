@@ -52,6 +52,8 @@ class GraftProposer:
         self.latency = latency or LatencyModel.default("cpu")
         self.calibration = Calibration()
         self.wants_hidden = bool(drafter and drafter.wants_hidden)
+        # the hidden layers the drafter reads: the fixed-shape path gathers them for the accepted rows on the device
+        self.feature_layers: tuple[int, ...] = tuple(getattr(drafter, "feature_layers", ())) if drafter else ()
         # the target's top-k at every verified row, read with the step where the target can (Token Recycling's)
         self.successors = max((getattr(r, "successors", 0) for r in self.retrievers), default=0)
         self.tail = tail

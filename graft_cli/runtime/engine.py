@@ -34,7 +34,8 @@ def decode(
     noise = None if sampling.greedy else Noise(0 if seed is None else seed, target.device)
     capacity = len(prompt) + max_new_tokens + ROOM  # the caches of target and draft are reserved once
     # None: verified here, accepted on the host; else with the top-k a retriever learns from, in the step's read
-    device_step = target.device_step(sampling, noise, getattr(proposer, "successors", 0))
+    device_step = target.device_step(sampling, noise, getattr(proposer, "successors", 0),
+                                     getattr(proposer, "feature_layers", ()))
     out = target.prefill(list(prompt), proposer.wants_hidden, capacity)
     first, top = target.first(out.logits[-1], sampling, noise, getattr(proposer, "successors", 0))
     context = [*prompt, first]
@@ -65,7 +66,7 @@ def decode(
         new = [tree.nodes[i].token for i in result.nodes] + [result.bonus]
         context.extend(new)
         watch.lap("accept")
-        proposer.observe(Step(context, new, tree, rows, out.logits, out.hidden, out.successors))
+        proposer.observe(Step(context, new, tree, rows, out.logits, out.hidden, out.successors, out.features))
         watch.lap("update")
         stats.count_step(tree, result.nodes)
 

@@ -120,14 +120,16 @@ class Padded:
     """A fixed-shape forward's outputs: static tensors when captured (the next replay overwrites them)."""
 
     logits: torch.Tensor  # [B, V]
-    hidden: tuple[torch.Tensor, ...] | None  # per layer [1, B, H], when asked for
+    hidden: tuple[torch.Tensor, ...] | None  # per layer [1, B, H], when asked for (and no layers named)
+    features: torch.Tensor | None = None  # [B, len(layers) * H]: the named layers' states side by side
 
 
 def padded_forward(model: torch.nn.Module, cache, cached: dict, inputs: StaticInputs, hidden: bool,
-                   keys: int) -> Padded:
+                   keys: int, layers: tuple[int, ...] = ()) -> Padded:
     """The target's forward over one bucket's inputs: rows written at ``past + i`` through the cache's device
     index, the first ``keys`` keys of the block read under :func:`tree_mask`. What a verification graph
-    captures."""
+    captures. With ``layers`` (a drafter's, ``hidden`` set) only those layers' states leave it, side by side:
+    the graph keeps one small output instead of every layer's."""
     past = inputs.positions[0, :1]
     cache.write_index, cache.read_rows = past + torch.arange(inputs.size, device=past.device), keys
     try:
@@ -136,4 +138,6 @@ def padded_forward(model: torch.nn.Module, cache, cached: dict, inputs: StaticIn
                     output_hidden_states=hidden)
     finally:
         cache.write_index, cache.read_rows = None, None
+    if hidden and layers:
+        return Padded(out.logits[0], None, torch.cat([out.hidden_states[i][0] for i in layers], dim=-1))
     return Padded(out.logits[0], tuple(out.hidden_states) if hidden else None)

@@ -24,7 +24,7 @@ import torch
 from graft_cli.core import defaults_for, GraftError, Tree
 from graft_cli.runtime.device_accept import NoiseRing, accepted_rows, choose, compact
 from graft_cli.runtime.device_accept import successors as top_k_rows
-from graft_cli.runtime.fixed_shapes import BUCKETS, StaticInputs, bucket, key_rows, padded_forward
+from graft_cli.runtime.fixed_shapes import BUCKETS, Padded, StaticInputs, bucket, key_rows, padded_forward
 from graft_cli.runtime.graphs import Capture, CudaCapture, Graphs
 from graft_cli.runtime.sampling import Noise, Sampling
 from graft_cli.runtime.target import PREFILL_CHUNK, DeviceStep, Forward, Layers, Progress, Target, input_device
@@ -36,11 +36,12 @@ SWITCH = ("auto", "on", "off")  # --graphs
 @dataclass(frozen=True)
 class Rule:
     """One request's choices and reads: its sampling settings, its noise ring, the top-k every row also reads
-    (0: none)."""
+    (0: none), the hidden layers whose states the accepted rows hand a drafter (none: every layer, ungathered)."""
 
     sampling: Sampling
     ring: NoiseRing | None
     successors: int
+    layers: tuple[int, ...] = ()  # the hidden layers a drafter reads: gathered for the accepted rows
 
 
 class FixedShapeTarget(Target):
@@ -83,9 +84,10 @@ class FixedShapeTarget(Target):
         read = torch.cat([choice.double(), top.flatten().double()]).to("cpu").numpy()
         return int(read[0]), read[1:].reshape(1, -1).astype(np.float32)
 
-    def device_step(self, sampling: Sampling, noise: Noise | None, successors: int = 0) -> DeviceStep:
+    def device_step(self, sampling: Sampling, noise: Noise | None, successors: int = 0,
+                    layers: tuple[int, ...] = ()) -> DeviceStep:
         ring = None if noise is None else NoiseRing(noise, self.vocab_size, max(self.buckets) + 1)
-        return partial(self.step, rule=Rule(sampling, ring, successors))
+        return partial(self.step, rule=Rule(sampling, ring, successors, tuple(layers)))
 
     @torch.inference_mode()
     def step(self, root: int, tree: Tree, hidden: bool, position: int, rule: Rule) -> tuple[Forward, Accepted]:
@@ -102,35 +104,38 @@ class FixedShapeTarget(Target):
             ring.fill(position, position + int(depths.max()) + 1)
         inputs.write(root, tree, depths, past, position, ring.size if ring is not None else 1)
         captured = size in self.buckets  # a tree past the largest bucket runs at its own size, eagerly
+        layers = rule.layers if hidden else ()
         with self.kernels:  # set while a graph records: what it records is what replays
-            padded = self.graphs.run(("verify", size, hidden, keys, self.layout) if captured else None,
+            padded = self.graphs.run(("verify", size, hidden, layers, keys, self.layout) if captured else None,
                                      partial(padded_forward, self.model, self.cache, self.cached, inputs, hidden,
-                                             keys))
+                                             keys, layers))
         noise = None if ring is None else ring.rows
-        key = ("accept", size, rule.sampling, rule.successors, self.layout,
+        key = ("accept", size, rule.sampling, rule.successors, bool(layers), self.layout,
                None if noise is None else noise.data_ptr())
-        packed = self.graphs.run(key if captured else None,
-                                 partial(self._accept_region, inputs, padded.logits, rule, noise))
+        packed, features = self.graphs.run(key if captured else None,
+                                           partial(self._accept_region, inputs, padded, rule, noise))
         read = packed.to("cpu").numpy()  # the step's one read: how many rows, the bonus, the rows, the top-k
         count, bonus = int(read[0]), int(read[1])
         self.length = past + count
         self.cache.settle(self.length)
-        states = Layers(padded.hidden, self.device, rows) if hidden else None
+        states = Layers(padded.hidden, self.device, rows) if hidden and not layers else None
         top = read[2 + size :].reshape(size, -1)[:rows].astype(np.float32) if rule.successors else None
-        return (Forward(padded.logits[:rows], states, top),
+        return (Forward(padded.logits[:rows], states, top, None if features is None else features[:count]),
                 Accepted((read[3 : 2 + count].astype(np.int64) - 1).tolist(), bonus))
 
-    def _accept_region(self, inputs: StaticInputs, logits: torch.Tensor, rule: Rule,
-                       noise: torch.Tensor | None) -> torch.Tensor:
+    def _accept_region(self, inputs: StaticInputs, padded: Padded, rule: Rule,
+                       noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The target's choices, the accepted rows, the cache compacted to them, and (asked for) every row's
-        top-k: what an acceptance graph captures."""
+        top-k, with the accepted rows' features gathered in path order: what an acceptance graph captures."""
+        logits = padded.logits
         rows = None if noise is None else noise.index_select(0, inputs.slots)
         packed = accepted_rows(choose(logits, rule.sampling, rows), inputs)
         compact(self._blocks(), inputs, packed[2:])
+        features = None if padded.features is None else padded.features.index_select(0, packed[2:])
         if not rule.successors:
-            return packed
+            return packed, features
         top = top_k_rows(logits[:, : self.text_vocab], rule.successors)
-        return torch.cat([packed.double(), top.flatten().double()])
+        return torch.cat([packed.double(), top.flatten().double()]), features
 
     def _eager(self, root: int, tree: Tree, hidden: bool, position: int, rule: Rule) -> tuple[Forward, Accepted]:
         """A step the buckets cannot hold: the eager verification and the host's acceptance (the same noise)."""

@@ -79,9 +79,10 @@ class MarginTarget(Target):
         self._margins.append(_margin(out.logits[0]))  # the root's row: the next token of plain decoding
         return out
 
-    def device_step(self, sampling: Sampling, noise: Noise | None, successors: int = 0) -> DeviceStep | None:
+    def device_step(self, sampling: Sampling, noise: Noise | None, successors: int = 0,
+                    layers: tuple[int, ...] = ()) -> DeviceStep | None:
         """The fixed-shape path's step, keeping the root row's margin as :meth:`verify` does."""
-        inner = super().device_step(sampling, noise, successors)
+        inner = super().device_step(sampling, noise, successors, layers)
         if inner is None:
             return None
 

@@ -32,6 +32,7 @@ class Forward:
     logits: torch.Tensor  # [T, V] for the T fed positions
     hidden: Sequence[torch.Tensor] | None  # per-layer hidden states [T, H] when asked for
     successors: np.ndarray | None = None  # [T, 2k] top-k ids and probabilities, read with the step (Step's)
+    features: torch.Tensor | None = None  # the kept rows' named layers, gathered on the device (Step's)
 
 
 # (root, tree, hidden wanted, the root row's generated-token index) -> the forward's outputs and what it accepted
@@ -152,10 +153,12 @@ class Target:
         learns from it computes its own on the device, read with its next lookup)."""
         return pick(logits, sampling, noise, 0), None
 
-    def device_step(self, sampling: Sampling, noise: Noise | None, successors: int = 0) -> DeviceStep | None:
+    def device_step(self, sampling: Sampling, noise: Noise | None, successors: int = 0,
+                    layers: tuple[int, ...] = ()) -> DeviceStep | None:
         """A verification that accepts on the device and compacts its own cache, for one request (the
         fixed-shape path, graft_cli/runtime/fixed_target.py; ``successors``: the top-k of every row it also
-        reads, for Token Recycling); None here: the loop verifies, accepts on the host (``verify.accept``) and
+        reads, for Token Recycling; ``layers``: the hidden layers a drafter reads, gathered for the accepted
+        rows on the device); None here: the loop verifies, accepts on the host (``verify.accept``) and
         calls :meth:`keep`."""
         return None
 

@@ -66,11 +66,13 @@ class ResponseCache(RetrieverDefaults):
     calibrated = True  # by LookupCalibration, per matched length
 
     def __init__(self, index: ResponseIndex, min_match: int = 2, max_length: int = 16, max_matches: int = 64,
-                 file: CacheFile | None = None) -> None:
-        if not 1 <= min_match <= index.width or max_length < 1 or max_matches < 1:
-            raise ValueError("responses needs 1 <= min_match <= max_match, max_length >= 1 and max_matches >= 1")
+                 file: CacheFile | None = None, factor: float = 0.0) -> None:
+        if not 1 <= min_match <= index.width or max_length < 1 or max_matches < 1 or factor < 0:
+            raise ValueError("responses needs 1 <= min_match <= max_match, max_length >= 1, max_matches >= 1 "
+                             "and factor >= 0")
         self.index, self.file = index, file
         self.min_match, self.max_length, self.max_matches = min_match, max_length, max_matches
+        self.factor = factor  # continuations at most factor x the matched length deep (0: max_length)
         self.live: Run | None = None  # the response being generated, behind the end of its prompt
         self.prompt_len = self.generated = 0
         self.changed = False  # responses added since the file was read
@@ -104,6 +106,8 @@ class ResponseCache(RetrieverDefaults):
         n, rows = lookup(runs, context, self.index.width, self.min_match, self.max_matches, self.max_length)
         if not n:
             return Tree()
+        if self.factor:  # a short match is weak evidence for a long continuation
+            rows = rows[:, : max(1, min(self.max_length, int(self.factor * n)))]
         tree = to_tree(continuation_trie(rows, budget), self.name)
         return self.calibration.apply(tree, len(context), match_group(n, cap=self.index.width))
 
@@ -131,4 +135,5 @@ def make(env: RetrieverEnv) -> ResponseCache:
         file = CacheFile(path, fingerprint, env.vocab_size)
     return ResponseCache(index, min_match=option(env, NAME, "min_match", 2, int),
                          max_length=option(env, NAME, "max_length", 16, int),
-                         max_matches=option(env, NAME, "max_matches", 64, int), file=file)
+                         max_matches=option(env, NAME, "max_matches", 64, int), file=file,
+                         factor=option(env, NAME, "factor", 0.0, float))

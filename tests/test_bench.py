@@ -395,6 +395,8 @@ def test_variants_run_as_named_methods_with_their_own_settings():
     assert "opts" not in specs[1].as_dict()  # fingerprints of plain methods stay as they were
     config = method_config(specs[3], {}, "draft", {"depth": "6", "draft_top_k": "3"})
     assert (config.method, config.drafting.depth, config.drafting.draft_top_k) == ("graft", 14, 3)  # the variant wins over --method-opt
+    cached = plan_methods(["c"], ["ar", "graft"], [], {"c": Variant("graft", {"responses.factor": "1"})})[-1]
+    assert method_config(cached, {"datastore": "x"}, None, {}).options == {"datastore": "x", "responses.factor": "1"}
     with pytest.raises(GraftError, match="name of a method"):
         plan_methods(["graft"], ["ar", "graft"], [], {"graft": Variant("graft", {})})
     with pytest.raises(GraftError, match="not an engine method"):

@@ -98,6 +98,20 @@ def test_the_index_finds_what_a_full_scan_finds(monkeypatch, recent_min):
         assert got == sorted(map(tuple, conts))
 
 
+def test_factor_keeps_a_short_match_from_proposing_deep():
+    """``responses.factor``: a continuation is at most factor x the matched length deep (SuffixDecoding's rule)."""
+    retrievers = {factor: cache(factor=factor, min_match="1") for factor in ("0", "1", "2")}
+    answer = list(range(10, 40))
+    for retriever in retrievers.values():
+        retriever.start([1, 2])
+        retriever.observe(Step([1, 2, *answer], answer, Tree(), []))
+        retriever.start([3])
+    depth = {factor: max(node.depth for node in r.retrieve([3, 10, 11], 64).nodes) for factor, r in retrievers.items()}
+    assert depth == {"0": 16, "1": 2, "2": 4}  # 2 tokens matched; 0: max_length
+    with pytest.raises(GraftError, match="factor"):
+        cache(factor="x")
+
+
 def test_past_the_budget_the_oldest_responses_are_evicted():
     index = ResponseIndex(max_tokens=1000, width=4)
     rng = np.random.default_rng(0)

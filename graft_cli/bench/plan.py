@@ -87,7 +87,7 @@ def expand_methods(names: Sequence[str], engine_methods: Sequence[str], draft: s
 def method_config(spec: MethodSpec, options: dict, draft: str | None, method_opts: dict | None = None) -> MethodConfig:
     """The MethodConfig of an engine method: its budget, the retriever options, ``--draft`` where the method takes
     one, and any other MethodConfig field given as text (``--method-opt depth=4``, then the variant's own),
-    converted to the field's type."""
+    converted to the field's type; a dotted key (``responses.factor=1``) is a retriever option of its own."""
     config = MethodConfig(method=spec.method, budget=spec.budget, options=dict(options),
                           draft=draft if uses_draft(spec) else None)
     if spec.method == "ar":
@@ -97,6 +97,9 @@ def method_config(spec: MethodSpec, options: dict, draft: str | None, method_opt
     hints = typing.get_type_hints(MethodConfig) | typing.get_type_hints(DraftSettings)
     settings = {}
     for key, text in ((method_opts or {}) | spec.opts).items():
+        if "." in key:
+            config.options[key] = text
+            continue
         if key not in own | drafting:
             raise GraftError(f"--method-opt {key}: not a method setting (choose from {', '.join(sorted(own | drafting))})")
         value = _convert(text, hints.get(key), key)

@@ -66,13 +66,14 @@ class ResponseCache(RetrieverDefaults):
     calibrated = True  # by LookupCalibration, per matched length
 
     def __init__(self, index: ResponseIndex, min_match: int = 2, max_length: int = 16, max_matches: int = 64,
-                 file: CacheFile | None = None, factor: float = 0.0) -> None:
-        if not 1 <= min_match <= index.width or max_length < 1 or max_matches < 1 or factor < 0:
+                 file: CacheFile | None = None, factor: float = 0.0, min_score: float = 0.0) -> None:
+        if not 1 <= min_match <= index.width or max_length < 1 or max_matches < 1 or factor < 0 or min_score < 0:
             raise ValueError("responses needs 1 <= min_match <= max_match, max_length >= 1, max_matches >= 1 "
-                             "and factor >= 0")
+                             "and factor, min_score >= 0")
         self.index, self.file = index, file
         self.min_match, self.max_length, self.max_matches = min_match, max_length, max_matches
         self.factor = factor  # continuations at most factor x the matched length deep (0: max_length)
+        self.min_score = min_score  # nodes whose calibrated acceptance estimate is lower are not proposed
         self.live: Run | None = None  # the response being generated, behind the end of its prompt
         self.prompt_len = self.generated = 0
         self.changed = False  # responses added since the file was read
@@ -109,7 +110,12 @@ class ResponseCache(RetrieverDefaults):
         if self.factor:  # a short match is weak evidence for a long continuation
             rows = rows[:, : max(1, min(self.max_length, int(self.factor * n)))]
         tree = to_tree(continuation_trie(rows, budget), self.name)
-        return self.calibration.apply(tree, len(context), match_group(n, cap=self.index.width))
+        tree = self.calibration.apply(tree, len(context), match_group(n, cap=self.index.width))
+        if not self.min_score:
+            return tree
+        # the calibration judges the whole lookup; the proposer gets the nodes worth a slot (prefix-closed: a
+        # node's estimate never exceeds its parent's)
+        return tree.subtree([i for i, node in enumerate(tree.nodes) if node.score >= self.min_score])
 
     def _commit(self) -> None:
         """The response generated so far joins the index (with its prompt's end in front)."""
@@ -136,4 +142,5 @@ def make(env: RetrieverEnv) -> ResponseCache:
     return ResponseCache(index, min_match=option(env, NAME, "min_match", 2, int),
                          max_length=option(env, NAME, "max_length", 16, int),
                          max_matches=option(env, NAME, "max_matches", 64, int), file=file,
-                         factor=option(env, NAME, "factor", 0.0, float))
+                         factor=option(env, NAME, "factor", 0.0, float),
+                         min_score=option(env, NAME, "min_score", 0.0, float))

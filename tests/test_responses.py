@@ -112,6 +112,19 @@ def test_factor_keeps_a_short_match_from_proposing_deep():
         cache(factor="x")
 
 
+def test_min_score_proposes_only_nodes_worth_a_slot_and_calibrates_on_the_whole_lookup():
+    retrievers = {score: cache(min_score=score) for score in ("0", "0.3")}
+    for retriever in retrievers.values():
+        for answer in ([10, 11, 12, 13], [10, 11, 20, 21], [10, 11, 30, 31]):  # "10 11" went three ways
+            retriever.start([1])
+            retriever.observe(Step([1, *answer], answer, Tree(), []))
+        retriever.start([1])
+    every, kept = (retrievers[s].retrieve([1, 10, 11], 64) for s in ("0", "0.3"))
+    assert len(every) == 6 and kept.nodes == []  # three branches of two, each 1/(3 + 1): under 0.3
+    pending = [tree for tree, _ in retrievers["0.3"].calibration.pending.values()]
+    assert [len(tree) for tree in pending] == [6]  # what it judges against the next step: the whole lookup
+
+
 def test_past_the_budget_the_oldest_responses_are_evicted():
     index = ResponseIndex(max_tokens=1000, width=4)
     rng = np.random.default_rng(0)

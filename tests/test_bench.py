@@ -1,5 +1,6 @@
-"""graft bench's parts: datasets, interleaving, the lossless check, plans and variants, outputs and the table
-(the CLI run end to end: test_bench_cli.py; --budget auto and the latency profile: test_budget_auto.py)."""
+"""graft bench's parts: datasets, interleaving, the lossless check, outputs and the table (plans and variants:
+test_bench_plan.py; the CLI run end to end: test_bench_cli.py; --budget auto and the latency profile:
+test_budget_auto.py)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,22 @@ import sys
 import pytest
 
 from graft_cli import plots
-
-from graft_cli.runtime import lossless
-from graft_cli.bench.datasets import REPO_ROOT, Question, categories_of, load_questions, parse_questions, resolve_dataset
 from graft_cli.bench.answers import write_answers
+from graft_cli.bench.datasets import (
+    REPO_ROOT,
+    Question,
+    categories_of,
+    load_questions,
+    parse_questions,
+    resolve_dataset,
+)
 from graft_cli.bench.execution import Conversation, execute, interleave, run_question
-from graft_cli.bench.plan import MethodSpec, Variant, method_config, plan_methods
 from graft_cli.bench.results import summarize
 from graft_cli.bench.runners import Turn
 from graft_cli.bench.runs import read_runs
 from graft_cli.bench.tables import table
 from graft_cli.core import GraftError
+from graft_cli.runtime import lossless
 
 SPEC_BENCH_LINES = [
     '{"question_id": 81, "category": "writing", "turns": ["Write a travel blog post.", "Rewrite it: every sentence starts with A."]}',
@@ -310,23 +316,6 @@ def test_runs_are_appended_and_resumed(tmp_path):
     assert first[0]["fingerprint"] == "f1"
 
 
-def test_plan_methods_puts_ar_first_and_expands_budgets():
-    specs = plan_methods(["pld", "hf"], ["ar", "pld", "graft"], [4, "auto"])
-    assert [(s.name, s.budget) for s in specs] == [("ar", None), ("pld@4", 4), ("pld@auto", "auto"), ("hf", None)]
-    assert [s.name for s in plan_methods(["graft", "ar"], ["ar", "graft"], [8])] == ["ar", "graft"]
-    with pytest.raises(GraftError, match="unknown method nope"):
-        plan_methods(["nope"], ["ar"], [])
-
-
-def test_method_opts_set_method_config_fields_by_type():
-    spec = MethodSpec("pld@4", "pld", "engine", 4)
-    config = method_config(spec, {"datastore": "x"}, "draft-model", {"retrievers": "prompt,recycling"})
-    assert config.budget == 4 and config.options == {"datastore": "x"} and config.retrievers == ["prompt", "recycling"]
-    assert method_config(MethodSpec("ar", "ar", "engine"), {}, None, {"retrievers": "x"}).retrievers is None
-    with pytest.raises(GraftError, match="not a method setting"):
-        method_config(spec, {}, None, {"nope": "1"})
-
-
 def test_outputs_answer_files_and_plots(tmp_path):
     runners = [FakeRunner("ar", speed=10.0), FakeRunner("pld@4", speed=12.0), FakeRunner("pld@8", speed=14.0),
                FakeRunner("pld@auto", speed=13.0), FakeRunner("hf", speed=9.0)]
@@ -384,30 +373,3 @@ def test_table_renders_every_category_and_method():
     console.print(table(summarize(records, ["ar", "pld"], ["a", "b"]), ["ar", "pld"], "t"))
     text = console.export_text()
     assert "overall" in text and "1.50x τ2.00" in text and "10.00 tok/s" in text
-
-
-
-def test_variants_run_as_named_methods_with_their_own_settings():
-    variants = {"deep": Variant("graft", {"depth": "14"})}
-    specs = plan_methods(["dense", "deep"], ["ar", "dense", "graft"], [16, "auto"], variants)
-    assert [s.name for s in specs] == ["ar", "dense@16", "dense@auto", "deep@16", "deep@auto"]
-    assert specs[3].method == "graft" and specs[3].as_dict()["opts"] == {"depth": "14"}
-    assert "opts" not in specs[1].as_dict()  # fingerprints of plain methods stay as they were
-    config = method_config(specs[3], {}, "draft", {"depth": "6", "draft_top_k": "3"})
-    assert (config.method, config.drafting.depth, config.drafting.draft_top_k) == ("graft", 14, 3)  # the variant wins over --method-opt
-    cached = plan_methods(["c"], ["ar", "graft"], [], {"c": Variant("graft", {"responses.factor": "1"})})[-1]
-    assert method_config(cached, {"datastore": "x"}, None, {}).options == {"datastore": "x", "responses.factor": "1"}
-    with pytest.raises(GraftError, match="name of a method"):
-        plan_methods(["graft"], ["ar", "graft"], [], {"graft": Variant("graft", {})})
-    with pytest.raises(GraftError, match="not an engine method"):
-        plan_methods(["x"], ["ar", "graft"], [], {"x": Variant("hf", {})})
-
-
-def test_variant_flag_is_parsed_and_bad_ones_are_one_line_errors():
-    from graft_cli.cli_bench import _variant
-
-    assert _variant("deep=graft depth=14 prune_at=0:0.5,floor:0.3") == (
-        "deep", Variant("graft", {"depth": "14", "prune_at": "0:0.5,floor:0.3"}))
-    for bad in ["", "deep", "=graft", "deep=graft depth"]:
-        with pytest.raises(GraftError):
-            _variant(bad)

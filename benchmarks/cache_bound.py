@@ -76,8 +76,8 @@ def table(counts: dict[str, Counter]) -> str:
              "|---|---|---|---|---|"]
     total = sum(counts.values(), Counter())
     for category, c in [*counts.items(), ("**all**", total)]:
-        share = lambda key: f"{c[key] / max(c['tokens'], 1):.1%}"  # noqa: E731
-        lines.append(f"| {category} | {c['tokens']} | {share('own')} | {share('earlier')} | {share('earlier_only')} |")
+        own, earlier, only = (f"{c[key] / max(c['tokens'], 1):.1%}" for key in ("own", "earlier", "earlier_only"))
+        lines.append(f"| {category} | {c['tokens']} | {own} | {earlier} | {only} |")
     return "\n".join(lines)
 
 
@@ -100,8 +100,13 @@ def main() -> int:
     questions = {q["question_id"]: q for q in map(json.loads, Path(dataset).read_text().splitlines()) if q}
     answers = [json.loads(line) for line in (run / "answers" / f"{args.method}.jsonl").read_text().splitlines()]
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(args.model)))
-    prompt = lambda messages: encode(tokenizer, messages)  # noqa: E731  -- the chat template, as graft bench's
-    reply = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+
+    def prompt(messages: list[dict]) -> list[int]:
+        return encode(tokenizer, messages)  # the chat template, as graft bench encodes a turn
+
+    def reply(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
     print(table(bound(answers, questions, prompt, reply, args.min_match, args.max_match)))
     return 0
 

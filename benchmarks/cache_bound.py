@@ -35,9 +35,9 @@ class Continuations:
         self.lo, self.hi = lo, hi
         self.next: dict[tuple[int, ...], Counter] = defaultdict(Counter)
 
-    def add(self, tokens: Sequence[int], start: int = 0) -> None:
-        """File every position from ``start`` on under the n-grams that end just before it."""
-        for t in range(max(start, 1), len(tokens)):
+    def add(self, tokens: Sequence[int], start: int = 0, stop: int | None = None) -> None:
+        """File every position from ``start`` to ``stop`` under the n-grams that end just before it."""
+        for t in range(max(start, 1), len(tokens) if stop is None else stop):
             for n in range(self.lo, min(self.hi, t) + 1):
                 self.next[tuple(tokens[t - n : t])][tokens[t]] += 1
 
@@ -65,7 +65,7 @@ def bound(answers: Iterable[dict], questions: dict[int, dict], encode: Encode, a
             for t in range(len(prompt), len(tokens)):
                 mine, theirs = own.guess(tokens, t) == tokens[t], earlier.guess(tokens, t) == tokens[t]
                 counts.update(tokens=1, own=mine, earlier=theirs, earlier_only=theirs and not mine)
-                own.add(tokens[: t + 1], t)
+                own.add(tokens, t, t + 1)
             earlier.add(reply)
             messages.append({"role": "assistant", "content": text})
     return out

@@ -24,8 +24,8 @@ class Eagle3Drafter(TreeDrafter):
                  prune: PruneSchedule | None = None, chain: bool = False) -> None:
         super().__init__(depth, top_k, prune, chain)
         self.head = head
-        self.layers = head_layers(head.cfg, target.config.num_hidden_layers)
-        self.feature_layers = tuple(self.layers)  # gathered for the accepted rows by a fixed-shape target
+        # the target layers it reads; as feature_layers, a fixed-shape target gathers them for the accepted rows
+        self.layers = self.feature_layers = head_layers(head.cfg, target.config.num_hidden_layers)
         self.num_states = target.config.num_hidden_layers + 1
         self.pending_features: list[torch.Tensor] = []  # [n, 3·Ht] target features of pairs not yet fed
         self.pending_tokens: list[int] = []

@@ -52,7 +52,7 @@ def accepted_rows(choice: torch.Tensor, inputs: StaticInputs) -> torch.Tensor:
     return torch.cat([count, choice.index_select(0, last), source])
 
 
-def successors(logits: torch.Tensor, k: int) -> torch.Tensor:
+def top_k_rows(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Every row's top-k next tokens ``[B, 2k]``: ids (exact as floats below 2^24), then probabilities -- what
     Token Recycling learns from every verified row (plugins/adjacency.py), read with the step's result."""
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)

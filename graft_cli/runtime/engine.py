@@ -34,10 +34,10 @@ def decode(
     noise = None if sampling.greedy else Noise(0 if seed is None else seed, target.device)
     capacity = len(prompt) + max_new_tokens + ROOM  # the caches of target and draft are reserved once
     # None: verified here, accepted on the host; else with the top-k a retriever learns from, in the step's read
-    device_step = target.device_step(sampling, noise, getattr(proposer, "successors", 0),
-                                     getattr(proposer, "feature_layers", ()))
+    successors = getattr(proposer, "successors", 0)
+    device_step = target.device_step(sampling, noise, successors, getattr(proposer, "feature_layers", ()))
     out = target.prefill(list(prompt), proposer.wants_hidden, capacity)
-    first, top = target.first(out.logits[-1], sampling, noise, getattr(proposer, "successors", 0))
+    first, top = target.first(out.logits[-1], sampling, noise, successors)
     context = [*prompt, first]
     watch.lap("prefill")
     prefill = Step(context, [first], Tree(), list(range(len(prompt))), out.logits, out.hidden, top)

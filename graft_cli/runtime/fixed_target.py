@@ -22,11 +22,10 @@ import numpy as np
 import torch
 
 from graft_cli.core import defaults_for, GraftError, Tree
-from graft_cli.runtime.device_accept import NoiseRing, accepted_rows, choose, compact
-from graft_cli.runtime.device_accept import successors as top_k_rows
+from graft_cli.runtime.device_accept import NoiseRing, accepted_rows, choose, compact, top_k_rows
 from graft_cli.runtime.fixed_shapes import BUCKETS, Padded, StaticInputs, bucket, key_rows, padded_forward
 from graft_cli.runtime.graphs import Capture, CudaCapture, Graphs
-from graft_cli.runtime.sampling import Noise, Sampling
+from graft_cli.runtime.sampling import Noise, Sampling, chosen
 from graft_cli.runtime.target import PREFILL_CHUNK, DeviceStep, Forward, Layers, Progress, Target, input_device
 from graft_cli.runtime.verify import Accepted, accept
 
@@ -74,14 +73,8 @@ class FixedShapeTarget(Target):
         every other, reads the device once."""
         if not successors:
             return super().first(logits, sampling, noise)
-        rows = None
-        if not sampling.greedy:
-            if noise is None:
-                raise ValueError("sampling needs noise: a seed")
-            rows = noise.at(torch.zeros(1, dtype=torch.long, device=logits.device), 0, 1, logits.shape[-1])
-        choice = choose(logits[None], sampling, rows)
         top = top_k_rows(logits[None, : self.text_vocab], successors)
-        read = torch.cat([choice.double(), top.flatten().double()]).to("cpu").numpy()
+        read = torch.cat([chosen(logits, sampling, noise, 0).double(), top.flatten().double()]).to("cpu").numpy()
         return int(read[0]), read[1:].reshape(1, -1).astype(np.float32)
 
     def device_step(self, sampling: Sampling, noise: Noise | None, successors: int = 0,

@@ -99,10 +99,16 @@ def sample(logits: torch.Tensor, sampling: Sampling, noise: Noise, start: int, d
     return (scores + noise.at(offsets, start, int(depths.max()) + 1, logits.shape[-1])).argmax(dim=-1)
 
 
-def pick(logits: torch.Tensor, sampling: Sampling, noise: Noise | None, position: int) -> int:
-    """The token at ``position`` from its one row of logits: the argmax when greedy, else sampled."""
+def chosen(logits: torch.Tensor, sampling: Sampling, noise: Noise | None, position: int) -> torch.Tensor:
+    """The token at ``position`` from its one row of logits, ``[1]`` on the device (nothing read): the argmax
+    when greedy, else sampled."""
     if sampling.greedy:
-        return int(torch.argmax(logits).item())
+        return torch.argmax(logits)[None]
     if noise is None:
         raise ValueError("sampling needs noise: a seed")
-    return int(sample(logits.unsqueeze(0), sampling, noise, position, np.zeros(1, dtype=np.int64))[0])
+    return sample(logits.unsqueeze(0), sampling, noise, position, np.zeros(1, dtype=np.int64))
+
+
+def pick(logits: torch.Tensor, sampling: Sampling, noise: Noise | None, position: int) -> int:
+    """:func:`chosen`, read."""
+    return int(chosen(logits, sampling, noise, position).item())

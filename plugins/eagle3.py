@@ -12,9 +12,9 @@ from typing import Any, Sequence
 import torch
 
 from graft_cli.core import DrafterEnv, GraftError, PruneSchedule, Step
-from graft_cli.drafting import FixedLevels, TreeDrafter, head_level, kernels_outside, positions
+from graft_cli.drafting import FixedLevels, TreeDrafter, head_catch_up, head_level, kernels_outside, positions
 from graft_cli.heads import Eagle3Head, head_layers, load_head
-from graft_cli.runtime import Capture
+from graft_cli.runtime import Capture, Outcome
 
 
 class Eagle3Drafter(TreeDrafter):
@@ -28,9 +28,11 @@ class Eagle3Drafter(TreeDrafter):
         self.layers = self.feature_layers = head_layers(head.cfg, target.config.num_hidden_layers)
         self.num_states = target.config.num_hidden_layers + 1
         self.pending_features: list[torch.Tensor] = []  # [n, 3·Ht] target features of pairs not yet fed
-        self.pending_tokens: list[int] = []
+        self.pending_tokens: list[int] | torch.Tensor = []  # ... their tokens (on the device: the prefill's, ahead)
         self.committed = 0  # pairs in the head's cache
         self.next_position = 0
+        self.base: torch.Tensor | None = None  # set while a draft is queued ahead: the pairs then, on the device
+        self.most = 0  # ... and the most they may be
 
     def _features(self, hidden: tuple[torch.Tensor, ...] | None, rows: list[int]) -> torch.Tensor:
         if hidden is None or len(hidden) != self.num_states:
@@ -39,7 +41,10 @@ class Eagle3Drafter(TreeDrafter):
         return torch.cat([hidden[i].index_select(0, index) for i in self.layers], dim=-1)
 
     def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
+        fed = self.ahead_of == "start"  # the prompt was fed before the prefill's read (_root_ahead)
         super().start(prompt, prefill, capacity)
+        if fed:
+            return
         self.head.reset(capacity)
         self.committed = 0
         # pair (features at t, token t + 1): the prompt's positions with the next prompt token, the last with
@@ -48,6 +53,12 @@ class Eagle3Drafter(TreeDrafter):
         self.pending_tokens = [*list(prompt)[1:], *prefill.accepted[:1]]
 
     def observe(self, step: Step) -> None:
+        if self.ahead_of == "step":  # its pairs were fed on the device before the read: now they are counted
+            self.committed = self.next_position = self.committed + len(step.kept)
+            self.head.cache.settle(self.committed)
+            self.base = None
+            super().observe(step)
+            return
         super().observe(step)
         # the root and every accepted node, each paired with the token that followed it (gathered already on the
         # fixed-shape path, in a graph's output that the next step overwrites: copied)
@@ -67,14 +78,48 @@ class Eagle3Drafter(TreeDrafter):
         n, past, device = len(self.pending_tokens), self.committed, head.device
         if n == 0:
             raise RuntimeError("nothing new for the EAGLE-3 head to read")
-        tokens = torch.tensor(self.pending_tokens, dtype=torch.long, device=device)
+        tokens = self.pending_tokens
+        if not isinstance(tokens, torch.Tensor):
+            tokens = torch.tensor(tokens, dtype=torch.long, device=device)
         positions = torch.arange(past, past + n, device=device)
         allowed = torch.ones((n, past + n), dtype=torch.bool, device=device).tril(diagonal=past)
         out = head.forward(tokens, head.fuse(features), positions, allowed)
         self.committed += n
         self.pending_features, self.pending_tokens = [], []
-        self.next_position = past + n  # where the root's children sit
+        self.next_position, self.base = past + n, None  # where the root's children sit (known on the host)
         return head.logp(out[-1]), out[-1:]
+
+    def _root_ahead(self, outcome: Outcome) -> tuple[torch.Tensor, Any] | None:
+        """The prefill's prompt rows fed as :meth:`start` feeds them, the last token still on the device; a step's
+        accepted pairs at a fixed shape, where they begin known and how many of them not (:meth:`_catch_up`)."""
+        if outcome.features is None:
+            return None
+        if outcome.start:
+            self._reset()
+            self.head.reset(outcome.start)
+            self.committed, self.base = 0, None
+            self.pending_features, self.pending_tokens = [outcome.features], outcome.tokens
+            return self._root(())
+        if self.fixed is None or self.pending_tokens:  # pairs of an earlier step wait: fed the usual way
+            return None
+        return self._catch_up(outcome)
+
+    def _catch_up(self, outcome: Outcome) -> tuple[torch.Tensor, Any]:
+        """The step's pairs written from the last committed row on, each seeing the context and the pairs before
+        it (padded rows are overwritten by the levels, or never seen); the levels then see ``base`` rows."""
+        fixed, head, past = self.fixed, self.head, self.committed
+        rows = outcome.tokens.shape[0]
+        at = torch.arange(past, past + rows, device=head.device)
+        causal = torch.ones((rows, rows), dtype=torch.bool, device=head.device).tril()
+        inputs = fixed.prepare(head.cache, outcome.tokens, at, past, 0, causal)
+        features = fixed.states_for(outcome.features, inputs.rows)
+        fixed.count.copy_(outcome.count)
+        with kernels_outside(head):
+            logp, state = fixed.run("head catch-up", head.cache, inputs,
+                                    partial(head_catch_up, head, inputs, features, fixed.count))
+        self.base = torch.add(fixed.count, past, out=fixed.base)
+        self.most = past + rows
+        return logp, state
 
     def fix_levels(self, capture: Capture | None) -> bool:
         self.fixed = FixedLevels(capture, self.top_k, self.head.device)
@@ -83,10 +128,11 @@ class Eagle3Drafter(TreeDrafter):
 
     def _grow(self, tokens: torch.Tensor, states: Any, depth: int | torch.Tensor,
               mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        n = tokens.shape[0]
-        at = positions(self.next_position - 1, depth, n, mask.device)
+        n, base = tokens.shape[0], self.base  # base: a draft queued ahead, whose context ends on the device
+        at = positions((self.next_position if base is None else base) - 1, depth, n, mask.device)
         if self.fixed is not None:  # the head's whole cache, static buffers, a captured graph on a GPU
-            inputs = self.fixed.prepare(self.head.cache, tokens, at, self.committed, self.tree_rows, mask)
+            inputs = self.fixed.prepare(self.head.cache, tokens, at, self.committed if base is None else base,
+                                        self.tree_rows, mask, self.most)
             static = self.fixed.states_for(states, inputs.rows)
             with kernels_outside(self.head):
                 logp, out = self.fixed.run("head level", self.head.cache, inputs,

@@ -142,7 +142,7 @@ def test_graphs_warm_up_then_capture_once_and_forget_when_memory_moves():
 
 def eagle3_proposer(root, target, cost_aware: bool) -> GraftProposer:
     """A random head drafting for ``target``: dense levels, or the cost-aware builder (planned, as on a GPU),
-    whose first level checks a retrieved chain through the head's levels."""
+    which on the fixed-shape path queues each draft before the step's read (tests/test_draft_ahead.py)."""
     head = load_head(str(write_head(root, target, seed=1)), target)
     if not cost_aware:
         drafter = Eagle3Drafter(head, target, depth=4, top_k=3, prune=PruneSchedule.parse("0:0.3,1:0.2", floor=0.02))
@@ -180,7 +180,11 @@ def test_draft_levels_compile_whole_and_never_recompile(tmp_path, drafter):
     # the acceptance graph: the same drafts as from the eager path's every-layer states
     layers = getattr(proposer.drafter, "feature_layers", ())
     assert {key[3] for key in target.graphs.captured if key[0] == "verify"} == {layers}
-    assert trees == eager_trees
+    if drafter.endswith("cost-aware"):  # queued ahead: the head's catch-up is a region too; whether to draft is
+        # decided before the step's retrieval, so the trees differ (tests/test_draft_ahead.py compares the drafts)
+        assert any(key[0] == "head catch-up" for key in drafter_graphs.captured)
+    else:
+        assert trees == eager_trees
 
 
 def recorded(proposer) -> list[list[tuple[int, int]]]:

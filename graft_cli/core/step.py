@@ -29,3 +29,5 @@ class Step:
     # ``[len(kept), F]``: gathered on the device by the fixed-shape path, instead of ``hidden``; valid until the
     # next step (a captured graph's output), so a drafter that keeps them copies them
     features: "torch.Tensor | None" = None
+    # what the proposer queued on the device before this step's read (the next draft), read with it
+    ahead: "list[float] | None" = None

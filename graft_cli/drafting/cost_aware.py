@@ -14,11 +14,13 @@ from time import perf_counter
 from typing import Sequence
 
 import numpy as np
+import torch
 
 from graft_cli.core import ROOM, Drafter, Retriever, Stats, Step, Tree
 from graft_cli.drafting.budget import LatencyModel
 from graft_cli.drafting.objective import Objective, RetrievalSoFar
 from graft_cli.drafting.proposer import GraftProposer, best_path
+from graft_cli.runtime.target import Outcome
 
 CHECK_FLOOR = 0.1  # a retrieved token less likely than this is not worth a row of the draft's first forward
 CHECK_MAX = 16  # retrieved tokens checked per step at most
@@ -48,8 +50,12 @@ class CostAwareProposer(GraftProposer):
         self._prompt, self._end = 0, 0  # the request's prompt length, and the context length at its limit
         self._joined = False  # whether the drafter has drafted in this request (read its prompt)
         self._alone = RetrievalSoFar(0, 0.0, 0)  # this request's steps before the drafter joined
+        self._bucket = 1  # the retrieval confidence of the last step proposed
+        self._ahead = False  # whether the drafter fed the last step before its read (its draft came with it)
+        self._ahead_s = 0.0  # ... and the seconds queueing it took
 
     def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
+        self._ahead = self._ahead and getattr(self.drafter, "ahead_of", None) == "start"  # this prefill's, or none
         super().start(prompt, prefill, capacity)
         self._prompt, self._end = len(prompt), capacity - ROOM
         self._joined, self._alone = False, RetrievalSoFar(0, 0.0, 0)
@@ -63,11 +69,13 @@ class CostAwareProposer(GraftProposer):
         pool = self._retrieved(context, self.budget)
         t1 = perf_counter()
         ranked = np.array(sorted((n.score for n in pool.nodes), reverse=True), dtype=np.float64)
-        bucket = objective.bucket(ranked)
-        drafted = self._should_draft(context, bucket, ranked)
+        bucket = self._bucket = objective.bucket(ranked)
+        ahead, self._ahead = self._ahead, False
+        drafted = drafter.landed if ahead else self._should_draft(context, bucket, ranked)
         tree, line, line_probs = Tree(), [], []
         if drafted:
-            tree = drafter.draft(context, self.budget, stats, self._chain(pool), objective)
+            self._joined = True
+            tree = drafter.draft(context, self.budget, stats, () if ahead else self._chain(pool), objective)
             line = best_path(tree)  # its best path is calibrated, to compete fairly with retrieved nodes
             line_probs = [tree.nodes[i].score for i in line]
             for i, p in zip(line, objective.calibrated(np.array(line_probs))):
@@ -76,7 +84,9 @@ class CostAwareProposer(GraftProposer):
         if self.tail and len(tree):
             self._tail(pool, tree, context, self.budget)
         kept = len(tree)
-        draft_s = t2 - t1 - (drafter.catch_up_s if drafted else 0.0)  # joining is not drafting
+        draft_s = 0.0  # joining (reading the prompt) is not drafting; a draft queued ahead was timed then
+        if drafted:
+            draft_s = drafter.ahead_s if ahead else t2 - t1 - drafter.catch_up_s
         rows = list(drafter.forward_rows) if drafted else []
         if len(pool):
             tree = self._graft(tree, pool, objective.spent(draft_s, rows), objective.going())
@@ -84,6 +94,20 @@ class CostAwareProposer(GraftProposer):
         self.trace.append({"draft": kept, "retrieved": len(tree) - kept, "levels": drafter.levels if drafted else 0})
         self._step = Pending(bucket, drafted, draft_s, rows, line_probs, line, perf_counter())
         return tree
+
+    def ahead(self, outcome: Outcome) -> torch.Tensor | None:
+        """The next step's draft queued before this step's result is read, so that one read brings both (the
+        fixed-shape path, a planned objective, a drafter that can): whether to draft is decided at the last
+        step's retrieval confidence (the next one's needs the tokens this read brings), and no retrieved chain is
+        checked in it."""
+        drafter, t0 = self.drafter, perf_counter()
+        if getattr(drafter, "fixed", None) is None or not hasattr(drafter, "draft_ahead"):
+            return None
+        drafting = self.budget > 0 and self.objective.should_draft(self._bucket)
+        read = drafter.draft_ahead(outcome, self.budget if drafting else 0, self.objective)
+        self._ahead = drafter.ahead_of is not None
+        self._ahead_s = perf_counter() - t0
+        return read
 
     def _should_draft(self, context: Sequence[int], bucket: int, ranked: np.ndarray) -> bool:
         """Whether this step drafts: by the bandit's rates at this confidence, and, while the drafter has not
@@ -112,8 +136,9 @@ class CostAwareProposer(GraftProposer):
         if self._step is None:
             return
         done, self._step, objective = self._step, None, self.objective
+        queued, self._ahead_s = self._ahead_s, 0.0  # the next draft, queued inside this step: not its verification
         objective.measured(done.bucket, done.drafted, len(step.accepted), len(step.tree),
-                           verified_at - done.proposed_at, done.draft_s, done.draft_rows)
+                           verified_at - done.proposed_at - queued, done.draft_s, done.draft_rows)
         if not self._joined:
             alone = self._alone
             self._alone = RetrievalSoFar(alone.tokens + len(step.accepted),

@@ -43,17 +43,21 @@ class LevelInputs:
         self.tree = torch.zeros((rows, width), dtype=torch.bool, device=device)  # tree rows each sees
         self.order = torch.arange(rows, device=device)
 
-    def fill(self, tokens: torch.Tensor, positions: torch.Tensor, visible: int, tree_rows: int,
+    def fill(self, tokens: torch.Tensor, positions: torch.Tensor, visible: int | torch.Tensor, tree_rows: int,
              mask: torch.Tensor) -> None:
-        """This level's ``n`` rows (``mask [n, tree_rows + n]``: the tree rows each sees), the rest padding."""
+        """This level's ``n`` rows (``mask [n, tree_rows + n]``: the tree rows each sees), the rest padding;
+        ``visible``: the context rows, a host int or (a draft queued before the step's read) a device ``[1]``."""
         n = tokens.shape[0]
         if n < self.rows:  # padding: token 0 at position 0 (a full frontier, the usual level, has none)
             self.tokens.zero_()
             self.positions.zero_()
         self.tokens[:n].copy_(tokens)
         self.positions[:n].copy_(positions)
-        torch.add(self.order, visible + tree_rows, out=self.write)
-        self.visible.fill_(visible)
+        if isinstance(visible, torch.Tensor):
+            self.visible.copy_(visible)
+        else:
+            self.visible.fill_(visible)
+        torch.add(self.order, self.visible, out=self.write).add_(tree_rows)
         self.tree.zero_()
         self.tree[:n, : mask.shape[1]].copy_(mask)
         self.tree[n:, tree_rows + n :].fill_diagonal_(True)  # a padded row sees its own row (and the context)
@@ -75,12 +79,15 @@ class FixedLevels:
     def __init__(self, capture: Capture | None, rows: int, device: torch.device) -> None:
         self.graphs, self.rows, self.device = Graphs(capture), rows, device
         self.inputs: dict[int, LevelInputs] = {}
-        self.states: dict[int, torch.Tensor] = {}  # an EAGLE-3 head's input states [rows, H], by row count
+        self.states: dict[tuple[int, int], torch.Tensor] = {}  # a head's input states [rows, width], by both
+        self.count = torch.zeros(1, dtype=torch.long, device=device)  # a catch-up's real rows
+        self.base = torch.zeros(1, dtype=torch.long, device=device)  # the context rows after it
         self.width = WIDTH  # tree rows the static masks hold (they grow with a deeper tree)
 
-    def prepare(self, cache: PositionCache, tokens: torch.Tensor, positions: torch.Tensor, visible: int,
-                tree_rows: int, mask: torch.Tensor) -> LevelInputs:
-        """The level's inputs filled (a wider tree block than the buffers hold gets new ones, and new graphs)."""
+    def prepare(self, cache: PositionCache, tokens: torch.Tensor, positions: torch.Tensor,
+                visible: int | torch.Tensor, tree_rows: int, mask: torch.Tensor, most: int = 0) -> LevelInputs:
+        """The level's inputs filled (a wider tree block than the buffers hold gets new ones, and new graphs);
+        ``most``: the most context rows a device ``visible`` may hold."""
         if mask.shape[1] > self.width:
             self.width = 2 * mask.shape[1]
             self.inputs.clear()
@@ -89,15 +96,16 @@ class FixedLevels:
         inputs = self.inputs.get(rows)
         if inputs is None:
             inputs = self.inputs[rows] = LevelInputs(rows, self.width, self.device)
-        reserve_rows(cache, visible + tree_rows + rows)
+        reserve_rows(cache, (visible if isinstance(visible, int) else most) + tree_rows + rows)
         inputs.fill(tokens, positions, visible, tree_rows, mask)
         return inputs
 
     def states_for(self, states: torch.Tensor, rows: int) -> torch.Tensor:
         """The static input states of a level of ``rows`` rows, holding ``states`` in its first rows."""
-        static = self.states.get(rows)
+        key = (rows, states.shape[1])
+        static = self.states.get(key)
         if static is None:
-            static = self.states[rows] = states.new_zeros((rows, states.shape[1]))
+            static = self.states[key] = states.new_zeros(key)
         static[: states.shape[0]].copy_(states)
         return static
 
@@ -131,17 +139,30 @@ def kernels_outside(head: Any) -> Iterator[None]:
             head.kernels = kernels
 
 
-def head_level(head: Any, inputs: LevelInputs, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """An EAGLE-3 head's level over its whole cache: log-probabilities ``[rows, V']`` and states ``[rows, H]``
-    (run under :func:`kernels_outside`)."""
+def head_rows(head: Any, inputs: LevelInputs, states: torch.Tensor) -> torch.Tensor:
+    """An EAGLE-3 head's forward of ``inputs``' rows over its whole cache, written where they say: the states
+    ``[rows, H]`` (run under :func:`kernels_outside`)."""
     cache = head.cache
     allowed = visible_keys(inputs.visible, inputs.tree, cache.layers[0].keys.shape[2])
     cache.write_index = inputs.write
     try:
-        out = head.forward(inputs.tokens, states, inputs.positions, allowed)
+        return head.forward(inputs.tokens, states, inputs.positions, allowed)
     finally:
         cache.write_index = None
+
+
+def head_level(head: Any, inputs: LevelInputs, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A level of the tree: log-probabilities ``[rows, V']`` and states ``[rows, H]``."""
+    out = head_rows(head, inputs, states)
     return head.logp(out), out
+
+
+def head_catch_up(head: Any, inputs: LevelInputs, features: torch.Tensor,
+                  count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A step's accepted pairs fed at a fixed shape (``features``: their target features, padded past
+    ``count``): the log-probabilities ``[V']`` and state ``[1, H]`` of the last real row, the next root's."""
+    last = head_rows(head, inputs, head.fuse(features)).index_select(0, count - 1)
+    return head.logp(last)[0], last
 
 
 def model_level(draft: Any, inputs: LevelInputs, logits: Callable[[dict], torch.Tensor]) -> torch.Tensor:

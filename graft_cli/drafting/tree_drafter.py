@@ -21,6 +21,7 @@ rows sit in the drafter's KV cache live here.
 from __future__ import annotations
 
 import math
+from functools import partial
 from time import perf_counter
 from typing import Any, Callable, Sequence
 
@@ -33,8 +34,12 @@ from graft_cli.drafting.pool import Frontier, Pool
 from graft_cli.drafting.stop import ChainThreshold, Checkpoints, PerLevel, Planned, StopPolicy
 from graft_cli.core import best_first, Checkpoint, PruneSchedule, ROOT, Stats, Step, Tree
 from graft_cli.runtime.graphs import Capture
+from graft_cli.runtime.target import Outcome
 
 SOURCE = "draft"
+Columns = tuple[list[int], list[int], list[float]]  # a draft's selected nodes: tokens, parents, scores
+Parsed = tuple[Columns, list[float]]  # ... and the rest of its read
+Landing = Callable[[Sequence[float]], Tree]  # a queued draft's read -> its tree
 
 
 class TreeDrafter:
@@ -56,6 +61,10 @@ class TreeDrafter:
         self._pool: Tree | None = None  # ... as a Tree, read back only when asked for
         self._fed_children: dict[tuple[int, int], int] = {}  # (parent, token) -> fed pool node
         self.fixed: FixedLevels | None = None  # set: every tree level runs at a fixed shape (fixed_levels.py)
+        self._landing: Landing | None = None  # a draft queued ahead, until the step's read brings it back
+        self._landed: Tree | None = None  # ... made a tree, until draft() hands it over
+        self.ahead_s = 0.0  # seconds the host spent queueing and reading the draft queued ahead
+        self.ahead_of: str | None = None  # "start" or "step": what the last draft_ahead() fed before its read
 
     # --- what subclasses provide ----------------------------------------------------------------------------
     def _root(self, context: Sequence[int]) -> tuple[torch.Tensor, Any]:
@@ -70,6 +79,11 @@ class TreeDrafter:
         ``states``: their parents' output rows); ``mask`` ``[F, tree_rows + F]`` says which tree rows of the cache each may see.
         Return their log-probabilities ``[F, V']`` and per-row states."""
         raise NotImplementedError
+
+    def _root_ahead(self, outcome: Outcome) -> tuple[torch.Tensor, Any] | None:
+        """:meth:`_root` from a step's result still on the device (:meth:`draft_ahead`): the root's log-probabilities
+        and state, or None where this drafter cannot (it then drafts after the read, as usual)."""
+        return None
 
     def _to_target(self, ids: torch.Tensor) -> torch.Tensor:
         """Draft vocabulary ids to target ids (identity unless the drafter has its own vocabulary)."""
@@ -105,14 +119,32 @@ class TreeDrafter:
 
     # --- the protocol -------------------------------------------------------------------------------------------
     def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
+        if self.ahead_of == "start":  # started at the prefill, before its read: the first draft came with it
+            self.ahead_of = None
+            self._land(prefill)
+            return
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forget the last request's draft, queued ahead or not."""
+        self.ahead_of, self._landing, self._landed = None, None, None
         self._forget()
         self.tree_rows = 0
+
+    @property
+    def landed(self) -> bool:
+        """Whether a draft queued ahead came back with the last read (the next draft() hands it over)."""
+        return self._landed is not None
 
     def unread(self, context: Sequence[int]) -> int:
         """Context tokens the next draft must read first (0: a drafter that read the prompt at ``start``)."""
         return 0
 
     def observe(self, step: Step) -> None:
+        if self.ahead_of == "step":  # fed already, and the next draft queued, before the step's read
+            self.ahead_of = None
+            self._land(step)
+            return
         self._drop_tree(self._accepted_rows(step.accepted[:-1]))
 
     def close(self) -> None:
@@ -132,7 +164,13 @@ class TreeDrafter:
     def draft(self, context: Sequence[int], budget: int, stats: Stats, chain: Sequence[int] = (),
               objective: Objective | None = None) -> Tree:
         """The expansion loop: a level of the tree per forward, each frontier node seeing its ancestors' rows, until
-        the stop policy ends the draft; then the kept nodes, read in one transfer."""
+        the stop policy ends the draft; then the kept nodes, read in one transfer. A draft queued ahead
+        (:meth:`draft_ahead`) came back with the last step's read: it is handed over as it is."""
+        if self._landed is not None:
+            tree, self._landed = self._landed, None
+            stats.draft_forwards += len(self.forward_rows)
+            stats.times["draft"] += self.ahead_s
+            return tree
         clock = perf_counter()
         if self.tree_rows:  # observe() was not called after the last draft
             self._drop_tree([])
@@ -140,9 +178,49 @@ class TreeDrafter:
         self.stopped_at, self.levels, self.forward_rows, self.catch_up_s = None, 0, [], 0.0
         if budget <= 0:
             return Tree()
+        read, land = self._queue(budget, objective, clock, lambda pool: self._first_level(pool, context, list(chain)))
+        tree = land(read.tolist())
+        stats.draft_forwards += len(self.forward_rows)
+        stats.times["draft"] += perf_counter() - clock
+        return tree
+
+    def draft_ahead(self, outcome: Outcome, budget: int, objective: Objective | None) -> torch.Tensor | None:
+        """Queue the next step's draft before this step's result is read (the fixed-shape path): feed the pairs
+        ``outcome`` holds on the device and, with a ``budget``, grow the draft from them. Returns what the step's
+        one read must bring back for :meth:`observe` to make the tree of (None: no draft). Only a planned
+        objective drafts ahead: any other rule reads the device between levels."""
+        clock = perf_counter()
+        self._landing = None
+        if objective is None or not objective.planned or self.chain:
+            return None
+        if self.tree_rows:  # the verified draft's rows: the accepted ones are fed again, with the target's states
+            self._drop_tree([])
+        self._forget()
+        root = self._root_ahead(outcome)
+        if root is None:
+            return None
+        self.ahead_of = "start" if outcome.start else "step"
+        if budget <= 0:
+            return None
+        self.stopped_at, self.levels, self.forward_rows, self.catch_up_s = None, 0, [1], 0.0
+        read, self._landing = self._queue(budget, objective, clock,
+                                          lambda pool: (self._children(pool, None, root[0]), root[1], []))
+        self.ahead_s = perf_counter() - clock
+        return read
+
+    def _land(self, step: Step) -> None:
+        """The draft queued ahead, made a tree from what ``step``'s read brought back (the next draft() hands it
+        over)."""
+        landing, self._landing = self._landing, None
+        self._landed = landing(step.ahead) if landing is not None and step.ahead is not None else None
+
+    def _queue(self, budget: int, objective: Objective | None, clock: float,
+               first_level: Callable[[Pool], tuple[Frontier, Any, list]]) -> tuple[torch.Tensor, Landing]:
+        """Grow a draft on the device from ``first_level``'s frontier: what its one read brings back, and how
+        the tree is made of that."""
         policy = self._stop_policy(budget, objective, lambda: perf_counter() - clock - self.catch_up_s)
         pool = self._candidates = Pool()
-        frontier, state_rows, fed = self._first_level(pool, context, list(chain))
+        frontier, state_rows, fed = first_level(pool)
         ancestors = self._ancestors(policy.cap, frontier.cum.device)
         self.levels = 1
         while (frontier := policy.level(self.levels - 1, frontier, pool)) is not None:
@@ -156,12 +234,13 @@ class TreeDrafter:
             fed.append(frontier.nodes)
             frontier = self._children(pool, frontier, logp, start)
         self.stopped_at = policy.stopped_at
-        columns, read = self._finish(pool, fed, policy.keep, policy.final_reads(pool))
-        count = policy.count(len(columns[0]), read, self.forward_rows)
-        tree = Tree.from_arrays(*_best(*columns, count), SOURCE)
-        stats.draft_forwards += len(self.forward_rows)
-        stats.times["draft"] += perf_counter() - clock
-        return tree
+        read, parse = self._finish(pool, fed, policy.keep, policy.final_reads(pool))
+
+        def land(values: Sequence[float]) -> Tree:
+            columns, more = parse(values)
+            count = policy.count(len(columns[0]), more, self.forward_rows)
+            return Tree.from_arrays(*_best(*columns, count), SOURCE)
+        return read, land
 
     def _stop_policy(self, budget: int, objective: Objective | None, elapsed: Callable[[], float]) -> StopPolicy:
         """The rule of this draft: the objective's, planned before the draft where reads are dear (a chain is
@@ -231,9 +310,9 @@ class TreeDrafter:
         return Frontier(best.add(base), best_cum, tokens[best], which, which.add(start), depth)
 
     def _finish(self, pool: Pool, fed: list[torch.Tensor], keep: int,
-                more: Sequence[torch.Tensor] = ()) -> tuple[tuple[list[int], list[int], list[float]], list[float]]:
-        """The selected nodes (tokens, parents among them, scores), and the fed nodes' (pool index, parent,
-        token): the draft's last read, which also brings ``more`` over (returned as one list)."""
+                more: Sequence[torch.Tensor] = ()) -> tuple[torch.Tensor, Callable[[Sequence[float]], Parsed]]:
+        """The draft's last read, unread: the selected nodes (tokens, parents among them, scores), the fed nodes'
+        (pool index, parent, token), then ``more``; and how to take it apart once read."""
         tokens, parents, cum = pool.arrays()
         chosen = pool.select(cum, keep)
         up = parents[chosen]
@@ -241,14 +320,18 @@ class TreeDrafter:
         fed_nodes = torch.cat(fed) if fed else chosen[:0]
         ids = torch.cat([tokens[chosen], torch.where(up < 0, up, inside),
                          fed_nodes, parents[fed_nodes], tokens[fed_nodes]])
-        read = torch.cat([ids.double(), cum[chosen].double(), *(column.double() for column in more)]).tolist()
-        n, m = chosen.shape[0], fed_nodes.shape[0]
+        read = torch.cat([ids.double(), cum[chosen].double(), *(column.double() for column in more)])
+        return read, partial(self._parse, chosen.shape[0], fed_nodes.shape[0])
+
+    def _parse(self, n: int, m: int, read: Sequence[float]) -> Parsed:
+        """:meth:`_finish`'s read of ``n`` selected and ``m`` fed nodes: the selected nodes' columns (the fed
+        ones are remembered: which cache row holds which node), and the rest of the read."""
         columns = ([int(t) for t in read[:n]], [int(p) for p in read[n : 2 * n]],
                    [_prob(c) for c in read[2 * n + 3 * m : 3 * n + 3 * m]])
         nodes, ups, fed_tokens = (read[2 * n + i * m : 2 * n + (i + 1) * m] for i in range(3))
         self.fed = {int(node): row for row, node in enumerate(nodes)}
         self._fed_children = {(int(up), int(token)): int(node) for node, up, token in zip(nodes, ups, fed_tokens)}
-        return columns, read[3 * n + 3 * m :]
+        return columns, list(read[3 * n + 3 * m :])
 
     def _forget(self) -> None:
         self.fed, self._fed_children, self._candidates, self._pool = {}, {}, None, None
@@ -284,10 +367,13 @@ def _best(tokens: list[int], parents: list[int], scores: list[float],
             [scores[i] for i in kept])
 
 
-def positions(base: int, depth: int | torch.Tensor, n: int, device: torch.device) -> torch.Tensor:
-    """Position ids of ``n`` tree nodes at ``depth`` (one for all, or a tensor of one per node) below ``base``."""
+def positions(base: int | torch.Tensor, depth: int | torch.Tensor, n: int, device: torch.device) -> torch.Tensor:
+    """Position ids of ``n`` tree nodes at ``depth`` (one for all, or a tensor of one per node) below ``base`` (a
+    host int, or a device ``[1]`` for a draft queued before the step's read)."""
     if isinstance(depth, torch.Tensor):
         return base + depth
+    if isinstance(base, torch.Tensor):
+        return (base + depth).expand(n)
     return torch.full((n,), base + depth, dtype=torch.long, device=device)
 
 

@@ -52,6 +52,15 @@ def accepted_rows(choice: torch.Tensor, inputs: StaticInputs) -> torch.Tensor:
     return torch.cat([count, choice.index_select(0, last), source])
 
 
+def following(packed: torch.Tensor, inputs: StaticInputs) -> torch.Tensor:
+    """``[B]``: the token after each of the path's rows (:func:`accepted_rows`' ``packed``): the next path row's
+    token, the bonus after the last and past it -- what a drafter pairs with each accepted row's states."""
+    count, bonus, rows = packed[:1], packed[1:2], packed[2:]
+    order = torch.arange(inputs.size, device=rows.device)
+    after = inputs.tokens[0].index_select(0, rows.roll(-1))
+    return torch.where(order + 1 < count, after, bonus)
+
+
 def top_k_rows(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Every row's top-k next tokens ``[B, 2k]``: ids (exact as floats below 2^24), then probabilities -- what
     Token Recycling learns from every verified row (plugins/adjacency.py), read with the step's result."""

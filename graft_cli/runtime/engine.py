@@ -5,12 +5,15 @@ Plain decoding is the same loop with a proposer that never proposes anything.
 
 from __future__ import annotations
 
+from functools import partial
 from time import perf_counter
 from typing import Iterator, Sequence
 
+import torch
+
 from graft_cli.core import ROOM, Proposer, Stats, Step, Stopwatch, Tree
 from graft_cli.runtime.sampling import Noise, Sampling
-from graft_cli.runtime.target import Target
+from graft_cli.runtime.target import Ahead, Forward, Outcome, Target
 from graft_cli.runtime.verify import accept
 
 
@@ -34,13 +37,16 @@ def decode(
     noise = None if sampling.greedy else Noise(0 if seed is None else seed, target.device)
     capacity = len(prompt) + max_new_tokens + ROOM  # the caches of target and draft are reserved once
     # None: verified here, accepted on the host; else with the top-k a retriever learns from, in the step's read
-    successors = getattr(proposer, "successors", 0)
-    device_step = target.device_step(sampling, noise, successors, getattr(proposer, "feature_layers", ()))
+    successors, layers = getattr(proposer, "successors", 0), getattr(proposer, "feature_layers", ())
+    device_step = target.device_step(sampling, noise, successors, layers)
+    # the fixed-shape path: a proposer that drafts the next step before a step's read, to read both at once
+    ahead: Ahead | None = getattr(proposer, "ahead", None) if device_step is not None else None
     out = target.prefill(list(prompt), proposer.wants_hidden, capacity)
-    first, top = target.first(out.logits[-1], sampling, noise, successors)
+    queue = None if ahead is None else partial(_prefill_ahead, ahead, prompt, out, layers, capacity)
+    first, top, landed = target.first(out.logits[-1], sampling, noise, successors, queue)
     context = [*prompt, first]
     watch.lap("prefill")
-    prefill = Step(context, [first], Tree(), list(range(len(prompt))), out.logits, out.hidden, top)
+    prefill = Step(context, [first], Tree(), list(range(len(prompt))), out.logits, out.hidden, top, ahead=landed)
     proposer.start(prompt, prefill, capacity)
     watch.lap("start")
     new = [first]
@@ -60,15 +66,22 @@ def decode(
             result = accept(tree, out.logits, sampling, noise, len(context) - len(prompt))
             target.keep(result.rows(), len(tree) + 1)
         else:  # the fixed-shape path: accepted and compacted on the device, read once
-            out, result = device_step(context[-1], tree, proposer.wants_hidden, len(context) - len(prompt))
+            out, result = device_step(context[-1], tree, proposer.wants_hidden, len(context) - len(prompt), ahead)
             watch.lap("verify")
         rows = result.rows()
         new = [tree.nodes[i].token for i in result.nodes] + [result.bonus]
         context.extend(new)
         watch.lap("accept")
-        proposer.observe(Step(context, new, tree, rows, out.logits, out.hidden, out.successors, out.features))
+        proposer.observe(Step(context, new, tree, rows, out.logits, out.hidden, out.successors, out.features,
+                              out.ahead))
         watch.lap("update")
         stats.count_step(tree, result.nodes)
+
+
+def _prefill_ahead(ahead: Ahead, prompt: Sequence[int], out: Forward, layers: Sequence[int], capacity: int,
+                   choice: torch.Tensor) -> torch.Tensor | None:
+    """What ``ahead`` queues from the prefill, its token ``choice`` still on the device."""
+    return ahead(Outcome.of_prefill(prompt, out, layers, choice, capacity))
 
 
 def _clip(tokens: list[int], room: int, stop_ids: set[int]) -> list[int]:

@@ -18,15 +18,18 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from functools import partial
+from typing import Callable
+
 import numpy as np
 import torch
 
 from graft_cli.core import defaults_for, GraftError, Tree
-from graft_cli.runtime.device_accept import NoiseRing, accepted_rows, choose, compact, top_k_rows
+from graft_cli.runtime.device_accept import NoiseRing, accepted_rows, choose, compact, following, top_k_rows
 from graft_cli.runtime.fixed_shapes import BUCKETS, Padded, StaticInputs, bucket, key_rows, padded_forward
 from graft_cli.runtime.graphs import Capture, CudaCapture, Graphs
 from graft_cli.runtime.sampling import Noise, Sampling, chosen
-from graft_cli.runtime.target import PREFILL_CHUNK, DeviceStep, Forward, Layers, Progress, Target, input_device
+from graft_cli.runtime.target import (PREFILL_CHUNK, Ahead, DeviceStep, Forward, Layers, Outcome, Progress, Target,
+                                      input_device)
 from graft_cli.runtime.verify import Accepted, accept
 
 SWITCH = ("auto", "on", "off")  # --graphs
@@ -67,15 +70,21 @@ class FixedShapeTarget(Target):
         return out
 
     @torch.inference_mode()
-    def first(self, logits: torch.Tensor, sampling: Sampling, noise: Noise | None,
-              successors: int = 0) -> tuple[int, np.ndarray | None]:
-        """The prefill's token and (asked for) its row's top-k in one read, so that a request's first step, like
-        every other, reads the device once."""
-        if not successors:
+    def first(self, logits: torch.Tensor, sampling: Sampling, noise: Noise | None, successors: int = 0,
+              ahead: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
+              ) -> tuple[int, np.ndarray | None, list[float] | None]:
+        """The prefill's token, (asked for) its row's top-k and what ``ahead`` queues from the token, in one read,
+        so that a request's first step, like every other, reads the device once."""
+        if not successors and ahead is None:
             return super().first(logits, sampling, noise)
-        top = top_k_rows(logits[None, : self.text_vocab], successors)
-        read = torch.cat([chosen(logits, sampling, noise, 0).double(), top.flatten().double()]).to("cpu").numpy()
-        return int(read[0]), read[1:].reshape(1, -1).astype(np.float32)
+        choice = chosen(logits, sampling, noise, 0)
+        top = top_k_rows(logits[None, : self.text_vocab], successors) if successors else choice[:0]
+        queued = ahead(choice) if ahead is not None else None
+        parts = [choice.double(), top.flatten().double(), *(() if queued is None else (queued.double(),))]
+        read = torch.cat(parts).to("cpu").numpy()
+        k = top.numel()
+        return (int(read[0]), read[1 : 1 + k].reshape(1, -1).astype(np.float32) if successors else None,
+                None if queued is None else read[1 + k :].tolist())
 
     def device_step(self, sampling: Sampling, noise: Noise | None, successors: int = 0,
                     layers: tuple[int, ...] = ()) -> DeviceStep:
@@ -83,13 +92,15 @@ class FixedShapeTarget(Target):
         return partial(self.step, rule=Rule(sampling, ring, successors, tuple(layers)))
 
     @torch.inference_mode()
-    def step(self, root: int, tree: Tree, hidden: bool, position: int, rule: Rule) -> tuple[Forward, Accepted]:
+    def step(self, root: int, tree: Tree, hidden: bool, position: int, ahead: Ahead | None = None, *,
+             rule: Rule) -> tuple[Forward, Accepted]:
         """Verify ``root`` + ``tree`` and accept on the device; ``position``: the generated-token index the
-        root's row chooses (its noise row when sampling)."""
+        root's row chooses (its noise row when sampling); ``ahead``: what to queue from the unread result (the
+        next draft), read with it."""
         rows, past, ring = len(tree) + 1, self.length, rule.ring
         size, capacity = bucket(rows, self.buckets), self.cache.layers[0].keys.shape[2]
         if past + size > capacity:  # no room to pad: the eager step
-            return self._eager(root, tree, hidden, position, rule)
+            return self._eager(root, tree, hidden, position, rule)  # nothing queued ahead: drafted after it
         keys = key_rows(past + size, capacity)
         inputs = self.inputs.get(size) or self.inputs.setdefault(size, StaticInputs(size, self.device))
         depths = tree.depths()
@@ -105,30 +116,39 @@ class FixedShapeTarget(Target):
         noise = None if ring is None else ring.rows
         key = ("accept", size, rule.sampling, rule.successors, bool(layers), self.layout,
                None if noise is None else noise.data_ptr())
-        packed, features = self.graphs.run(key if captured else None,
-                                           partial(self._accept_region, inputs, padded, rule, noise))
-        read = packed.to("cpu").numpy()  # the step's one read: how many rows, the bonus, the rows, the top-k
+        packed, features, path = self.graphs.run(key if captured else None,
+                                                 partial(self._accept_region, inputs, padded, rule, noise))
+        queued = None
+        if ahead is not None and path is not None:
+            queued = ahead(Outcome(path[:1], path[1:], features))
+        # the step's one read: how many rows, the bonus, the rows, the top-k; then what was queued ahead
+        read = (packed if queued is None else torch.cat([packed.double(), queued.double()])).to("cpu").numpy()
         count, bonus = int(read[0]), int(read[1])
         self.length = past + count
         self.cache.settle(self.length)
         states = Layers(padded.hidden, self.device, rows) if hidden and not layers else None
         top = read[2 + size :].reshape(size, -1)[:rows].astype(np.float32) if rule.successors else None
-        return (Forward(padded.logits[:rows], states, top, None if features is None else features[:count]),
+        landed = None if queued is None else read[packed.shape[0] :].tolist()
+        return (Forward(padded.logits[:rows], states, top, None if features is None else features[:count], landed),
                 Accepted((read[3 : 2 + count].astype(np.int64) - 1).tolist(), bonus))
 
     def _accept_region(self, inputs: StaticInputs, padded: Padded, rule: Rule,
-                       noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """The target's choices, the accepted rows, the cache compacted to them, and (asked for) every row's
-        top-k, with the accepted rows' features gathered in path order: what an acceptance graph captures."""
+        top-k; with the accepted rows' features gathered in path order, also ``[count, the token after each]``
+        (:class:`Outcome`'s): what an acceptance graph captures."""
         logits = padded.logits
         rows = None if noise is None else noise.index_select(0, inputs.slots)
         packed = accepted_rows(choose(logits, rule.sampling, rows), inputs)
         compact(self._blocks(), inputs, packed[2:])
-        features = None if padded.features is None else padded.features.index_select(0, packed[2:])
+        features = path = None
+        if padded.features is not None:
+            features = padded.features.index_select(0, packed[2:])
+            path = torch.cat([packed[:1], following(packed, inputs)])
         if not rule.successors:
-            return packed, features
+            return packed, features, path
         top = top_k_rows(logits[:, : self.text_vocab], rule.successors)
-        return torch.cat([packed.double(), top.flatten().double()]), features
+        return torch.cat([packed.double(), top.flatten().double()]), features, path
 
     def _eager(self, root: int, tree: Tree, hidden: bool, position: int, rule: Rule) -> tuple[Forward, Accepted]:
         """A step the buckets cannot hold: the eager verification and the host's acceptance (the same noise)."""

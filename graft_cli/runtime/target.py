@@ -33,10 +33,40 @@ class Forward:
     hidden: Sequence[torch.Tensor] | None  # per-layer hidden states [T, H] when asked for
     successors: np.ndarray | None = None  # [T, 2k] top-k ids and probabilities, read with the step (Step's)
     features: torch.Tensor | None = None  # the kept rows' named layers, gathered on the device (Step's)
+    ahead: list[float] | None = None  # what a proposer queued before the read, read with it (Step's)
 
 
-# (root, tree, hidden wanted, the root row's generated-token index) -> the forward's outputs and what it accepted
-DeviceStep = Callable[[int, Tree, bool, int], tuple[Forward, Accepted]]
+@dataclass
+class Outcome:
+    """A step's result while it is still on the device: what a drafter needs to draft the next step before the
+    host reads this one, so that both come back in the step's one read (the fixed-shape path).
+
+    ``count`` ``[1]``: the rows the accepted path keeps, the root's included; ``tokens`` ``[R]``: the token that
+    followed each of those rows (the accepted tokens, then the bonus), padded past ``count``; ``features``
+    ``[R, F]``: those rows' states of the drafter's layers, in the same order."""
+
+    count: torch.Tensor
+    tokens: torch.Tensor
+    features: torch.Tensor | None
+    start: int = 0  # a request's prefill (every prompt row, unpadded): the capacity the request reserves
+
+    @classmethod
+    def of_prefill(cls, prompt: Sequence[int], out: Forward, layers: Sequence[int], choice: torch.Tensor,
+                   capacity: int) -> Outcome:
+        """The prefill's result before its read: each prompt row with the token after it, the last with the
+        prefill's own choice ``[1]`` (still on the device)."""
+        device = choice.device
+        tokens = torch.cat([torch.tensor(list(prompt[1:]), dtype=torch.long, device=device), choice])
+        features = None
+        if layers and out.hidden is not None:
+            features = torch.cat([out.hidden[i] for i in layers], dim=-1)
+        return cls(torch.tensor([len(prompt)], device=device), tokens, features, capacity)
+
+
+# queued before a step's read; returns device values to read with it (None: nothing)
+Ahead = Callable[[Outcome], "torch.Tensor | None"]
+# (root, tree, hidden wanted, the root row's generated-token index, ahead) -> the outputs and what it accepted
+DeviceStep = Callable[[int, Tree, bool, int, "Ahead | None"], tuple[Forward, Accepted]]
 
 
 def on(x: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -147,11 +177,13 @@ class Target:
         self.length = past + n
         return self._forward(out, hidden)
 
-    def first(self, logits: torch.Tensor, sampling: Sampling, noise: Noise | None,
-              successors: int = 0) -> tuple[int, np.ndarray | None]:
-        """The prefill's token from its last row of logits ``[V]``; here one read, and no top-k (a retriever that
-        learns from it computes its own on the device, read with its next lookup)."""
-        return pick(logits, sampling, noise, 0), None
+    def first(self, logits: torch.Tensor, sampling: Sampling, noise: Noise | None, successors: int = 0,
+              ahead: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
+              ) -> tuple[int, np.ndarray | None, list[float] | None]:
+        """The prefill's token from its last row of logits ``[V]``; here one read, no top-k (a retriever that
+        learns from it computes its own on the device, read with its next lookup) and nothing queued ahead
+        (the fixed-shape path's: ``ahead`` takes the token on the device and returns what to read with it)."""
+        return pick(logits, sampling, noise, 0), None, None
 
     def device_step(self, sampling: Sampling, noise: Noise | None, successors: int = 0,
                     layers: tuple[int, ...] = ()) -> DeviceStep | None:

@@ -15,6 +15,7 @@ from graft_cli.runtime.fixed_target import FixedShapeTarget
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
 from plugins.eagle3 import Eagle3Drafter
+from plugins.adjacency import AdjacencyRetriever
 from plugins.prompt_lookup import PromptLookup
 from tests.test_device import Discipline
 from tests.test_eagle3 import target_model, write_head
@@ -81,10 +82,12 @@ def test_the_drafts_queued_ahead_are_the_drafts_after_the_read(model_and_head, p
 
 @pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
 def test_one_read_a_step_with_a_head_and_retrievers(model_and_head, prompt, sampling):
+    """Token Recycling's top-k, the result and the next draft: one read."""
     model = model_and_head[0]
-    truth = generated(Target(model), proposer(model_and_head, [PromptLookup()]), prompt, sampling)
+    truth = generated(Target(model), proposer(model_and_head, [PromptLookup(), AdjacencyRetriever(VOCAB)]), prompt,
+                      sampling)
     target = FixedShapeTarget(model)
-    ahead = match_target(proposer(model_and_head, [PromptLookup()]), target)
+    ahead = match_target(proposer(model_and_head, [PromptLookup(), AdjacencyRetriever(VOCAB)]), target)
     mode, reads = Discipline(scope=("graft_cli/", "plugins/"), strict=False), [0]
     steps = decode(target, ahead, prompt, sampling, 60, set(), 11)
     with mode:

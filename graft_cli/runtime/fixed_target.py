@@ -127,7 +127,9 @@ class FixedShapeTarget(Target):
         self.length = past + count
         self.cache.settle(self.length)
         states = Layers(padded.hidden, self.device, rows) if hidden and not layers else None
-        top = read[2 + size :].reshape(size, -1)[:rows].astype(np.float32) if rule.successors else None
+        top = None
+        if rule.successors:
+            top = read[2 + size : packed.shape[0]].reshape(size, -1)[:rows].astype(np.float32)
         landed = None if queued is None else read[packed.shape[0] :].tolist()
         return (Forward(padded.logits[:rows], states, top, None if features is None else features[:count], landed),
                 Accepted((read[3 : 2 + count].astype(np.int64) - 1).tolist(), bonus))

@@ -8,6 +8,8 @@ model's, the EAGLE-3 head's) and subtracts it, and splits what is left by phase,
 engine and ``GraftProposer`` (not inside the drafter, so a rewritten drafter is measured the same way):
 
 ``draft``     the drafter's own work besides its forwards (draft() and observe())
+``ahead``     on the fixed-shape path with a head: the next draft, queued inside the step before its read (the
+              head's catch-up and levels); on a GPU it runs while the device verifies, so it is not exposed
 ``mask``      ``Target.verify`` besides the forward: input ids, positions, the tree mask
 ``retrieve``  every retriever's ``retrieve`` and the proposer's pooling of their trees
 ``graft``     grafting the pool into the free slots and the latency model's cut
@@ -102,7 +104,7 @@ from host_inputs import CORPUS, datastore, random_head
 from phases import CAPTURED, DEVICE, FORWARD, Phases
 from playback import Replay, cold_caches
 
-PHASES = ("draft", "mask", "retrieve", "graft", "accept", "keep", "observe", "engine")
+PHASES = ("draft", "ahead", "mask", "retrieve", "graft", "accept", "keep", "observe", "engine")
 
 
 def _wrap_forward(module: torch.nn.Module, wrap: Callable[[Callable], Callable]) -> None:
@@ -155,6 +157,7 @@ def instrument_proposer(phases: Phases, replay: Replay, proposer) -> list[torch.
     if drafter is not None:
         if drafter.fixed is not None:  # levels at fixed shapes: each region a graph replay on a GPU
             drafter.fixed.graphs.run = wrap(CAPTURED, drafter.fixed.graphs.run)
+            drafter.draft_ahead = wrap("ahead", drafter.draft_ahead)
         drafter.draft = wrap("draft", drafter.draft)
         drafter.observe = wrap("draft", drafter.observe)
         head = getattr(drafter, "head", None)
@@ -187,6 +190,12 @@ class Measured:
         return 1e3 * sum(self.time[p] for p in PHASES) / max(self.steps, 1)
 
     @property
+    def exposed_ms(self) -> float:
+        """Host time per step the device waits for: all of it but the draft queued ahead (queued while the
+        device verifies)."""
+        return self.host_ms - 1e3 * self.time["ahead"] / max(self.steps, 1)
+
+    @property
     def syncs(self) -> float:
         return sum(self.reads[p] for p in PHASES) / max(self.steps, 1)
 
@@ -199,9 +208,12 @@ class Measured:
             note = notes.get(phase, "")
             lines.append(f"{phase:<10}{1e3 * self.time[phase] / steps:>10.3f}{self.reads[phase] / steps:>12.2f}"
                          f"{self.calls[phase] / steps:>18.1f}{note}")
-        mine = self.host_ms - 1e3 * self.time["draft"] / steps
+        mine = self.host_ms - 1e3 * (self.time["draft"] + self.time["ahead"]) / steps
         lines.append(f"without the drafter's own work: host_ms_per_step={mine:.3f} "
-                     f"syncs_per_step={self.syncs - self.reads['draft'] / steps:.2f}")
+                     f"syncs_per_step={self.syncs - (self.reads['draft'] + self.reads['ahead']) / steps:.2f}")
+        if self.time["ahead"]:
+            lines.append(f"not overlapped with the device (the draft queued ahead is): host_ms_per_step="
+                         f"{self.exposed_ms:.3f}")
         lines.append(f"host_ms_per_step={self.host_ms:.3f} syncs_per_step={self.syncs:.2f}")
         return lines
 

@@ -42,9 +42,9 @@ import numpy as np
 import torch
 
 from graft_cli.core import defaults_for, DrafterEnv, GraftError, PruneSchedule, Step
-from graft_cli.drafting import FixedLevels, TreeDrafter, model_level, positions
+from graft_cli.drafting import FixedLevels, TreeDrafter, model_catch_up, model_level, positions
 from graft_cli.runtime import (
-    Capture, CpuLinear, HalfLinear, Target, half_available, half_copy, loading, on, to_half, token_ranking,
+    Capture, CpuLinear, HalfLinear, Outcome, Target, half_available, half_copy, loading, on, to_half, token_ranking,
     use_cpu_linears,
 )
 
@@ -140,18 +140,32 @@ class DraftCache(Target):
 
     @torch.inference_mode()
     def fixed_level(self, levels: FixedLevels, tokens: torch.Tensor, positions: torch.Tensor, tree_rows: int,
-                    mask: torch.Tensor) -> torch.Tensor:
+                    mask: torch.Tensor, base: torch.Tensor | None = None, most: int = 0) -> torch.Tensor:
         """A tree level at a fixed shape over the whole cache (graft_cli/drafting/fixed_levels.py): the logits of
-        its rows; the cache counts them itself, as :meth:`feed` does."""
+        its rows; the cache counts them itself, as :meth:`feed` does. ``base``: the context rows on the device
+        (a draft queued ahead, ``most`` of them at most), else the cache's count."""
         n = tokens.shape[0]
-        inputs = levels.prepare(self.cache, tokens, positions, self.length - tree_rows, tree_rows, mask)
-        extra = None if self.extra is None else self.extra.weight.data_ptr()  # a request's own columns
+        visible = self.length - tree_rows if base is None else base
+        inputs = levels.prepare(self.cache, tokens, positions, visible, tree_rows, mask, most)
         with self.kernels:
             logits = levels.run("draft level", self.cache, inputs, partial(model_level, self, inputs, self.logits),
-                                extra)
+                                self._columns())
         self.length += n
         self.cache.settle(self.length)
         return logits[:n]
+
+    @torch.inference_mode()
+    def fixed_catch_up(self, levels: FixedLevels, outcome: Outcome) -> torch.Tensor:
+        """A step's accepted tokens (:class:`Outcome`'s, padded) fed at a fixed shape after the cached context:
+        the next root's logits ``[1, V']``. The cache counts them once the step is read."""
+        inputs = levels.catch_up(self.cache, outcome, self.length)
+        with self.kernels:
+            return levels.run("draft catch-up", self.cache, inputs,
+                              partial(model_catch_up, self, inputs, self.logits, levels.count), self._columns())
+
+    def _columns(self) -> int | None:
+        """What a level's graph records of the request: its own columns of the LM head."""
+        return None if self.extra is None else self.extra.weight.data_ptr()
 
 
 def default_vocab(asked: int | None, ranking: token_ranking.Ranking | None, device: str) -> int:
@@ -188,6 +202,8 @@ class DraftModelDrafter(TreeDrafter):
             self.column = torch.full((vocab_size,), -1, dtype=torch.long, device=self.cache.device)
             self.column[self.reduced] = torch.arange(len(self.reduced), device=self.cache.device)
         self.root_position = 0
+        self.base: torch.Tensor | None = None  # set while a draft is queued ahead: the context rows, on the device
+        self.most = 0  # ... and the most they may be
         self.capacity, self.joined = 0, False  # the request's positions; whether its prompt has been read
         self.read: Sequence[int] = ()  # the last request the draft read, as its context (the engine's list) ...
         self.kept = 0  # ... and how many of its first tokens this request's prompt begins with, still cached
@@ -261,8 +277,28 @@ class DraftModelDrafter(TreeDrafter):
         pending = torch.tensor([*context[done + self.skipped :], *chain], dtype=torch.long, device=device)
         at = torch.arange(done, end + len(chain), device=device)
         logits = self.cache.feed(pending, at, None, 0, last=len(chain) + 1)
-        self.root_position = end - 1
+        self.root_position, self.base = end - 1, None
         return self._logp(logits)
+
+    def _root_ahead(self, outcome: Outcome, context: Sequence[int], budget: int) -> tuple[torch.Tensor, Any] | None:
+        """A step's accepted tokens fed before its read, when it drafts: first the request's prompt where the
+        draft joins now, and any token of ``context`` it has not read (a step it sat out). Not at the prefill:
+        whether to join is decided on a step's retrieval."""
+        if outcome.start or budget <= 0 or self.fixed is None:
+            return None
+        self._join(context)
+        if self.cache.length < len(context) - self.skipped:
+            self._feed(context, [])
+        logits = self.cache.fixed_catch_up(self.fixed, outcome)
+        self.base, self.most = self.fixed.base, self.cache.length + outcome.tokens.shape[0]
+        return self._logp(logits)[0], None
+
+    def observe(self, step: Step) -> None:
+        if self.ahead_of == "step":  # its tokens were fed on the device before the read: now they are counted
+            self.cache.length += len(step.kept)
+            self.cache.cache.settle(self.cache.length)
+            self.root_position, self.base = self.cache.length - 1, None
+        super().observe(step)
 
     def fix_levels(self, capture: Capture | None) -> bool:
         self.fixed = FixedLevels(capture, self.top_k, self.cache.device)
@@ -271,9 +307,11 @@ class DraftModelDrafter(TreeDrafter):
 
     def _grow(self, tokens: torch.Tensor, states: Any, depth: int | torch.Tensor,
               mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        at = positions(self.root_position, depth, tokens.shape[0], tokens.device)
+        base = self.base  # a draft queued ahead: its context ends on the device
+        at = positions(self.root_position if base is None else base - 1, depth, tokens.shape[0], tokens.device)
         if self.fixed is not None:
-            return self._logp(self.cache.fixed_level(self.fixed, tokens, at, self.tree_rows, mask)), None
+            logits = self.cache.fixed_level(self.fixed, tokens, at, self.tree_rows, mask, base, self.most)
+            return self._logp(logits), None
         logits = self.cache.feed(tokens, at, mask, self.tree_rows)
         return self._logp(logits), None
 

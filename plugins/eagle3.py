@@ -89,9 +89,10 @@ class Eagle3Drafter(TreeDrafter):
         self.next_position, self.base = past + n, None  # where the root's children sit (known on the host)
         return head.logp(out[-1]), out[-1:]
 
-    def _root_ahead(self, outcome: Outcome) -> tuple[torch.Tensor, Any] | None:
+    def _root_ahead(self, outcome: Outcome, context: Sequence[int], budget: int) -> tuple[torch.Tensor, Any] | None:
         """The prefill's prompt rows fed as :meth:`start` feeds them, the last token still on the device; a step's
-        accepted pairs at a fixed shape, where they begin known and how many of them not (:meth:`_catch_up`)."""
+        accepted pairs at a fixed shape, where they begin known and how many of them not (:meth:`_catch_up`).
+        Fed with or without a draft: they are on the device now, and on the host only as a copy."""
         if outcome.features is None:
             return None
         if outcome.start:
@@ -100,25 +101,22 @@ class Eagle3Drafter(TreeDrafter):
             self.committed, self.base = 0, None
             self.pending_features, self.pending_tokens = [outcome.features], outcome.tokens
             return self._root(())
-        if self.fixed is None or self.pending_tokens:  # pairs of an earlier step wait: fed the usual way
+        if self.fixed is None:
             return None
+        if len(self.pending_tokens):  # a step read without queueing (past the buckets' room): its pairs first
+            self._root(())
         return self._catch_up(outcome)
 
     def _catch_up(self, outcome: Outcome) -> tuple[torch.Tensor, Any]:
         """The step's pairs written from the last committed row on, each seeing the context and the pairs before
         it (padded rows are overwritten by the levels, or never seen); the levels then see ``base`` rows."""
-        fixed, head, past = self.fixed, self.head, self.committed
-        rows = outcome.tokens.shape[0]
-        at = torch.arange(past, past + rows, device=head.device)
-        causal = torch.ones((rows, rows), dtype=torch.bool, device=head.device).tril()
-        inputs = fixed.prepare(head.cache, outcome.tokens, at, past, 0, causal)
+        fixed, head = self.fixed, self.head
+        inputs = fixed.catch_up(head.cache, outcome, self.committed)
         features = fixed.states_for(outcome.features, inputs.rows)
-        fixed.count.copy_(outcome.count)
         with kernels_outside(head):
             logp, state = fixed.run("head catch-up", head.cache, inputs,
                                     partial(head_catch_up, head, inputs, features, fixed.count))
-        self.base = torch.add(fixed.count, past, out=fixed.base)
-        self.most = past + rows
+        self.base, self.most = fixed.base, self.committed + outcome.tokens.shape[0]
         return logp, state
 
     def fix_levels(self, capture: Capture | None) -> bool:

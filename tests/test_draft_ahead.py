@@ -1,25 +1,28 @@
-"""Drafting ahead on the fixed-shape path: the cost-aware builder over an EAGLE-3 head queues the next step's draft
-before the step's result is read (the head fed the accepted rows on the device, its levels placed from a device
-count), so that one read a step brings the result and the next draft. Its drafts are the drafts the eager path
-makes after the read, its tokens the eager path's, and every step -- the prefill's included -- reads once."""
+"""Drafting ahead on the fixed-shape path: the cost-aware builder over an EAGLE-3 head or a draft model queues the
+next step's draft before the step's result is read (the drafter fed the accepted tokens on the device, its levels
+placed from a device count), so that one read a step brings the result and the next draft. Its drafts are the
+drafts the eager path makes after the read, its tokens the eager path's, and every step -- the prefill's included
+-- reads once."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from graft_cli.core import Stats, Step, Tree
 from graft_cli.drafting import CostAwareProposer, LatencyModel, Objective, match_target
 from graft_cli.heads import load_head
 from graft_cli.runtime.engine import decode
 from graft_cli.runtime.fixed_target import FixedShapeTarget
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
+from plugins.draft_model import DraftModelDrafter
 from plugins.eagle3 import Eagle3Drafter
 from plugins.adjacency import AdjacencyRetriever
 from plugins.prompt_lookup import PromptLookup
 from tests.test_device import Discipline
 from tests.test_eagle3 import target_model, write_head
-from tests.tiny import VOCAB
+from tests.tiny import VOCAB, tiny_model
 
 SAMPLINGS = {"greedy": Sampling(), "sampled": Sampling(temperature=0.8, top_k=8, top_p=0.95)}
 
@@ -36,17 +39,26 @@ def prompt() -> list[int]:
     return tokens + tokens[:12]  # something for prompt lookup to find
 
 
-def proposer(model_and_head, retrievers=(), always: bool = False) -> CostAwareProposer:
-    """The cost-aware builder, planned (as on a GPU), over a random head. ``always``: it drafts every step, all
-    levels deep, on the prior costs (nothing measured): its decisions then depend on no clock and no retrieval."""
-    model, head = model_and_head
-    objective = Objective(LatencyModel.default("cpu"), max_levels=5, planned=True)
+def objective(always: bool) -> Objective:
+    """Planned, as on a GPU. ``always``: it drafts every step, all levels deep, on the prior costs (nothing
+    measured): its decisions then depend on no clock and no retrieval."""
+    made = Objective(LatencyModel.default("cpu"), max_levels=5, planned=True)
     if always:
-        objective.should_draft = lambda bucket: True
-        objective.measured = lambda *args: None
-        objective.extend = lambda *args: True
-    return CostAwareProposer(16, list(retrievers), Eagle3Drafter(load_head(head, model), model, depth=5, top_k=3),
-                             objective.latency, objective)
+        made.should_draft = lambda bucket: True
+        made.measured = lambda *args: None
+        made.extend = lambda *args: True
+    return made
+
+
+def proposer(model_and_head, retrievers=(), always: bool = False, drafter: str = "head") -> CostAwareProposer:
+    """The cost-aware builder over a random head, or over a tiny draft model."""
+    model, head = model_and_head
+    if drafter == "head":
+        made = Eagle3Drafter(load_head(head, model), model, depth=5, top_k=3)
+    else:
+        made = DraftModelDrafter(tiny_model("llama", seed=1), VOCAB, depth=5, top_k=3)
+    rule = objective(always)
+    return CostAwareProposer(16, list(retrievers), made, rule.latency, rule)
 
 
 def recorded(proposer) -> list[list[tuple[int, int, float]]]:
@@ -80,14 +92,43 @@ def test_the_drafts_queued_ahead_are_the_drafts_after_the_read(model_and_head, p
         np.testing.assert_allclose([node[2] for node in tree], [node[2] for node in eager_tree], rtol=1e-4)
 
 
-@pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
-def test_one_read_a_step_with_a_head_and_retrievers(model_and_head, prompt, sampling):
-    """Token Recycling's top-k, the result and the next draft: one read."""
+def test_a_draft_models_drafts_queued_ahead_are_its_drafts_after_the_read(model_and_head, prompt):
+    """The draft model joins the request at a step's queue (not at the prefill), so its steps are not the eager
+    path's: each draft is compared with a fresh drafter's eager draft of the same context instead (every draft
+    keeping the 16 best nodes of all its levels)."""
     model = model_and_head[0]
-    truth = generated(Target(model), proposer(model_and_head, [PromptLookup(), AdjacencyRetriever(VOCAB)]), prompt,
-                      sampling)
     target = FixedShapeTarget(model)
-    ahead = match_target(proposer(model_and_head, [PromptLookup(), AdjacencyRetriever(VOCAB)]), target)
+    ahead = match_target(proposer(model_and_head, always=True, drafter="model"), target)
+    ahead.objective.replan = lambda levels, rows: 16
+    drafts, draft = [], ahead.drafter.draft
+
+    def recording(context, budget, stats, chain=(), rule=None):
+        tree = draft(context, budget, stats, chain, rule)
+        drafts.append((list(context), [(node.token, node.parent, node.score) for node in tree.nodes]))
+        return tree
+    ahead.drafter.draft = recording
+    assert generated(target, ahead, prompt, Sampling()) == generated(Target(model), proposer(model_and_head),
+                                                                     prompt, Sampling())
+    assert len(drafts) > 10
+    for context, tree in drafts:
+        fresh = DraftModelDrafter(tiny_model("llama", seed=1), VOCAB, depth=5, top_k=3)
+        fresh.start(prompt, Step(list(prompt), [], Tree(), []), len(context) + 64)
+        rule = objective(always=True)
+        rule.replan = lambda levels, rows: 16
+        eager = [(node.token, node.parent, node.score) for node in fresh.draft(context, 16, Stats(), (), rule).nodes]
+        assert [node[:2] for node in tree] == [node[:2] for node in eager]
+        np.testing.assert_allclose([node[2] for node in tree], [node[2] for node in eager], rtol=1e-4)
+
+
+@pytest.mark.parametrize("drafter", ["head", "model"])
+@pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
+def test_one_read_a_step_with_a_drafter_and_retrievers(model_and_head, prompt, sampling, drafter):
+    """Token Recycling's top-k, the result and the next draft: one read, a draft model's joining included."""
+    model = model_and_head[0]
+    retrievers = lambda: [PromptLookup(), AdjacencyRetriever(VOCAB)]  # noqa: E731
+    truth = generated(Target(model), proposer(model_and_head, retrievers(), drafter=drafter), prompt, sampling)
+    target = FixedShapeTarget(model)
+    ahead = match_target(proposer(model_and_head, retrievers(), drafter=drafter), target)
     mode, reads = Discipline(scope=("graft_cli/", "plugins/"), strict=False), [0]
     steps = decode(target, ahead, prompt, sampling, 60, set(), 11)
     with mode:
@@ -103,7 +144,8 @@ def test_one_read_a_step_with_a_head_and_retrievers(model_and_head, prompt, samp
 
 def test_a_step_read_without_its_draft_falls_back_to_drafting_after_it(model_and_head, prompt):
     """A step that cannot queue ahead (here every third, as a step the buckets cannot hold) hands its rows over
-    after the read; the head reads them at its next draft, and the tokens stay the eager path's."""
+    after the read; the next step does not draft (a draft after the read would read twice), and the next queue
+    feeds the head those rows first. The tokens stay the eager path's."""
     model = model_and_head[0]
     truth = generated(Target(model), proposer(model_and_head, always=True), prompt, Sampling())
     target = FixedShapeTarget(model)
@@ -114,5 +156,9 @@ def test_a_step_read_without_its_draft_falls_back_to_drafting_after_it(model_and
         calls[0] += 1
         return step(root, tree, hidden, position, None if calls[0] % 3 == 0 else queue, **rule)
     target.step = sometimes
-    assert generated(target, ahead, prompt, Sampling()) == truth
-    assert sum(record["levels"] > 0 for record in ahead.trace) == len(ahead.trace)  # every step drafted
+    got = generated(target, ahead, prompt, Sampling())
+    assert got == truth
+    drafter = ahead.drafter  # every pair of the context in the head's cache (the newest token's comes next)
+    assert drafter.committed + len(drafter.pending_tokens) == len(prompt) + len(got) - 1
+    drafted = [record["levels"] > 0 for record in ahead.trace]
+    assert drafted.count(False) >= 5 and drafted.count(True) >= 2 * drafted.count(False)

@@ -53,6 +53,9 @@ class CostAwareProposer(GraftProposer):
         self._bucket = 1  # the retrieval confidence of the last step proposed
         self._ahead = False  # whether the drafter fed the last step before its read (its draft came with it)
         self._ahead_s = 0.0  # ... and the seconds queueing it took
+        self._queues = False  # whether its drafter drafts ahead (ahead() was asked, on the fixed-shape path)
+        self._context: Sequence[int] = ()  # the last proposal's context and retrieved scores (ahead() decides on)
+        self._ranked = np.zeros(0)
 
     def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
         self._ahead = self._ahead and getattr(self.drafter, "ahead_of", None) == "start"  # this prefill's, or none
@@ -70,8 +73,12 @@ class CostAwareProposer(GraftProposer):
         t1 = perf_counter()
         ranked = np.array(sorted((n.score for n in pool.nodes), reverse=True), dtype=np.float64)
         bucket = self._bucket = objective.bucket(ranked)
+        self._context, self._ranked = context, ranked
         ahead, self._ahead = self._ahead, False
-        drafted = drafter.landed if ahead else self._should_draft(context, bucket, ranked)
+        if ahead:
+            drafted = drafter.landed
+        else:  # a drafter that drafts ahead drafts only then (so that a step reads once), never after a read
+            drafted = not self._queues and self._should_draft(context, bucket, ranked)
         tree, line, line_probs = Tree(), [], []
         if drafted:
             self._joined = True
@@ -86,7 +93,7 @@ class CostAwareProposer(GraftProposer):
         kept = len(tree)
         draft_s = 0.0  # joining (reading the prompt) is not drafting; a draft queued ahead was timed then
         if drafted:
-            draft_s = drafter.ahead_s if ahead else t2 - t1 - drafter.catch_up_s
+            draft_s = (drafter.ahead_s if ahead else t2 - t1) - drafter.catch_up_s
         rows = list(drafter.forward_rows) if drafted else []
         if len(pool):
             tree = self._graft(tree, pool, objective.spent(draft_s, rows), objective.going())
@@ -98,13 +105,18 @@ class CostAwareProposer(GraftProposer):
     def ahead(self, outcome: Outcome) -> torch.Tensor | None:
         """The next step's draft queued before this step's result is read, so that one read brings both (the
         fixed-shape path, a planned objective, a drafter that can): whether to draft is decided at the last
-        step's retrieval confidence (the next one's needs the tokens this read brings), and no retrieved chain is
-        checked in it."""
+        step's retrieval (the next one's needs the tokens this read brings), and no retrieved chain is checked in
+        it. A drafter that has not read the request's prompt joins here (never at the prefill, before any
+        retrieval)."""
         drafter, t0 = self.drafter, perf_counter()
-        if getattr(drafter, "fixed", None) is None or not hasattr(drafter, "draft_ahead"):
+        if not getattr(drafter, "drafts_ahead", lambda objective: False)(self.objective):
             return None
-        drafting = self.budget > 0 and self.objective.should_draft(self._bucket)
-        read = drafter.draft_ahead(outcome, self.budget if drafting else 0, self.objective)
+        self._queues = True
+        if outcome.start:
+            drafting = self.objective.should_draft(self._bucket)
+        else:
+            drafting = self._should_draft(self._context, self._bucket, self._ranked)
+        read = drafter.draft_ahead(outcome, self._context, self.budget if drafting else 0, self.objective)
         self._ahead = drafter.ahead_of is not None
         self._ahead_s = perf_counter() - t0
         return read

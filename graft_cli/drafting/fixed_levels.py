@@ -26,7 +26,7 @@ from graft_cli.runtime.fixed_shapes import additive, bucket, visible_keys
 from graft_cli.runtime.fixed_target import FixedShapeTarget
 from graft_cli.runtime.graphs import Capture, Graphs
 from graft_cli.runtime.kv_cache import PositionCache
-from graft_cli.runtime.target import Target
+from graft_cli.runtime.target import Outcome, Target
 
 WIDTH = 64  # tree rows a level's static mask holds at first
 
@@ -100,6 +100,18 @@ class FixedLevels:
         inputs.fill(tokens, positions, visible, tree_rows, mask)
         return inputs
 
+    def catch_up(self, cache: PositionCache, outcome: Outcome, past: int) -> LevelInputs:
+        """A step's accepted pairs (:class:`Outcome`, padded, their count on the device) as one causal block
+        written from row ``past`` on; :attr:`count` holds their count and :attr:`base` the rows after them, where
+        the next draft's levels go."""
+        rows, device = outcome.tokens.shape[0], self.device
+        at = torch.arange(past, past + rows, device=device)
+        causal = torch.ones((rows, rows), dtype=torch.bool, device=device).tril()
+        inputs = self.prepare(cache, outcome.tokens, at, past, 0, causal)
+        self.count.copy_(outcome.count)
+        torch.add(self.count, past, out=self.base)
+        return inputs
+
     def states_for(self, states: torch.Tensor, rows: int) -> torch.Tensor:
         """The static input states of a level of ``rows`` rows, holding ``states`` in its first rows."""
         key = (rows, states.shape[1])
@@ -163,6 +175,13 @@ def head_catch_up(head: Any, inputs: LevelInputs, features: torch.Tensor,
     ``count``): the log-probabilities ``[V']`` and state ``[1, H]`` of the last real row, the next root's."""
     last = head_rows(head, inputs, head.fuse(features)).index_select(0, count - 1)
     return head.logp(last)[0], last
+
+
+def model_catch_up(draft: Any, inputs: LevelInputs, logits: Callable[[dict], torch.Tensor],
+                   count: torch.Tensor) -> torch.Tensor:
+    """A step's accepted tokens fed to a draft model at a fixed shape (padded past ``count``): the logits
+    ``[1, V']`` of the last real row, the next root's."""
+    return model_level(draft, inputs, logits).index_select(0, count - 1)
 
 
 def model_level(draft: Any, inputs: LevelInputs, logits: Callable[[dict], torch.Tensor]) -> torch.Tensor:

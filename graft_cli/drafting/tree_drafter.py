@@ -80,9 +80,10 @@ class TreeDrafter:
         Return their log-probabilities ``[F, V']`` and per-row states."""
         raise NotImplementedError
 
-    def _root_ahead(self, outcome: Outcome) -> tuple[torch.Tensor, Any] | None:
+    def _root_ahead(self, outcome: Outcome, context: Sequence[int], budget: int) -> tuple[torch.Tensor, Any] | None:
         """:meth:`_root` from a step's result still on the device (:meth:`draft_ahead`): the root's log-probabilities
-        and state, or None where this drafter cannot (it then drafts after the read, as usual)."""
+        and state, or None where this drafter cannot or need not (it then reads the step's tokens after the read,
+        as usual)."""
         return None
 
     def _to_target(self, ids: torch.Tensor) -> torch.Tensor:
@@ -184,29 +185,35 @@ class TreeDrafter:
         stats.times["draft"] += perf_counter() - clock
         return tree
 
-    def draft_ahead(self, outcome: Outcome, budget: int, objective: Objective | None) -> torch.Tensor | None:
-        """Queue the next step's draft before this step's result is read (the fixed-shape path): feed the pairs
-        ``outcome`` holds on the device and, with a ``budget``, grow the draft from them. Returns what the step's
-        one read must bring back for :meth:`observe` to make the tree of (None: no draft). Only a planned
-        objective drafts ahead: any other rule reads the device between levels."""
+    def draft_ahead(self, outcome: Outcome, context: Sequence[int], budget: int,
+                    objective: Objective | None) -> torch.Tensor | None:
+        """Queue the next step's draft before this step's result is read (the fixed-shape path): feed what
+        ``outcome`` holds on the device (the tokens after ``context``, the context before the step) and, with a
+        ``budget``, grow the draft from them. Returns what the step's one read must bring back for
+        :meth:`observe` to make the tree of (None: no draft). Only a planned objective drafts ahead: any other
+        rule reads the device between levels."""
         clock = perf_counter()
         self._landing = None
-        if objective is None or not objective.planned or self.chain:
+        if not self.drafts_ahead(objective):
             return None
         if self.tree_rows:  # the verified draft's rows: the accepted ones are fed again, with the target's states
             self._drop_tree([])
         self._forget()
-        root = self._root_ahead(outcome)
+        self.stopped_at, self.levels, self.forward_rows, self.catch_up_s = None, 0, [1], 0.0
+        root = self._root_ahead(outcome, context, budget)
         if root is None:
             return None
         self.ahead_of = "start" if outcome.start else "step"
         if budget <= 0:
             return None
-        self.stopped_at, self.levels, self.forward_rows, self.catch_up_s = None, 0, [1], 0.0
         read, self._landing = self._queue(budget, objective, clock,
                                           lambda pool: (self._children(pool, None, root[0]), root[1], []))
         self.ahead_s = perf_counter() - clock
         return read
+
+    def drafts_ahead(self, objective: Objective | None) -> bool:
+        """Whether :meth:`draft_ahead` drafts for ``objective``: on fixed-shape levels, planned, not a chain."""
+        return self.fixed is not None and objective is not None and objective.planned and not self.chain
 
     def _land(self, step: Step) -> None:
         """The draft queued ahead, made a tree from what ``step``'s read brought back (the next draft() hands it

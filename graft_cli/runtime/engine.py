@@ -38,9 +38,10 @@ def decode(
     capacity = len(prompt) + max_new_tokens + ROOM  # the caches of target and draft are reserved once
     # None: verified here, accepted on the host; else with the top-k a retriever learns from, in the step's read
     successors, layers = getattr(proposer, "successors", 0), getattr(proposer, "feature_layers", ())
-    device_step = target.device_step(sampling, noise, successors, layers)
-    # the fixed-shape path: a proposer that drafts the next step before a step's read, to read both at once
-    ahead: Ahead | None = getattr(proposer, "ahead", None) if device_step is not None else None
+    # a proposer that drafts the next step before a step's read, to read both at once (the fixed-shape path)
+    ahead: Ahead | None = getattr(proposer, "ahead", None)
+    device_step = target.device_step(sampling, noise, successors, layers, ahead is not None)
+    ahead = ahead if device_step is not None else None
     out = target.prefill(list(prompt), proposer.wants_hidden, capacity)
     queue = None if ahead is None else partial(_prefill_ahead, ahead, prompt, out, layers, capacity)
     first, top, landed = target.first(out.logits[-1], sampling, noise, successors, queue)

@@ -44,6 +44,7 @@ class Rule:
     ring: NoiseRing | None
     successors: int
     layers: tuple[int, ...] = ()  # the hidden layers a drafter reads: gathered for the accepted rows
+    ahead: bool = False  # whether a proposer queues the next draft before the read (the path's tokens handed over)
 
 
 class FixedShapeTarget(Target):
@@ -87,9 +88,9 @@ class FixedShapeTarget(Target):
                 None if queued is None else read[1 + k :].tolist())
 
     def device_step(self, sampling: Sampling, noise: Noise | None, successors: int = 0,
-                    layers: tuple[int, ...] = ()) -> DeviceStep:
+                    layers: tuple[int, ...] = (), ahead: bool = False) -> DeviceStep:
         ring = None if noise is None else NoiseRing(noise, self.vocab_size, max(self.buckets) + 1)
-        return partial(self.step, rule=Rule(sampling, ring, successors, tuple(layers)))
+        return partial(self.step, rule=Rule(sampling, ring, successors, tuple(layers), ahead))
 
     @torch.inference_mode()
     def step(self, root: int, tree: Tree, hidden: bool, position: int, ahead: Ahead | None = None, *,
@@ -114,12 +115,12 @@ class FixedShapeTarget(Target):
                                      partial(padded_forward, self.model, self.cache, self.cached, inputs, hidden,
                                              keys, layers))
         noise = None if ring is None else ring.rows
-        key = ("accept", size, rule.sampling, rule.successors, bool(layers), self.layout,
+        key = ("accept", size, rule.sampling, rule.successors, bool(layers), rule.ahead, self.layout,
                None if noise is None else noise.data_ptr())
         packed, features, path = self.graphs.run(key if captured else None,
                                                  partial(self._accept_region, inputs, padded, rule, noise))
         queued = None
-        if ahead is not None and path is not None:
+        if ahead is not None and path is not None and (features is not None or not hidden):
             queued = ahead(Outcome(path[:1], path[1:], features))
         # the step's one read: how many rows, the bonus, the rows, the top-k; then what was queued ahead
         read = (packed if queued is None else torch.cat([packed.double(), queued.double()])).to("cpu").numpy()
@@ -137,16 +138,14 @@ class FixedShapeTarget(Target):
     def _accept_region(self, inputs: StaticInputs, padded: Padded, rule: Rule,
                        noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """The target's choices, the accepted rows, the cache compacted to them, and (asked for) every row's
-        top-k; with the accepted rows' features gathered in path order, also ``[count, the token after each]``
-        (:class:`Outcome`'s): what an acceptance graph captures."""
+        top-k, the accepted rows' features gathered in path order and ``[count, the token after each]`` (what
+        :class:`Outcome` hands a draft queued ahead): what an acceptance graph captures."""
         logits = padded.logits
         rows = None if noise is None else noise.index_select(0, inputs.slots)
         packed = accepted_rows(choose(logits, rule.sampling, rows), inputs)
         compact(self._blocks(), inputs, packed[2:])
-        features = path = None
-        if padded.features is not None:
-            features = padded.features.index_select(0, packed[2:])
-            path = torch.cat([packed[:1], following(packed, inputs)])
+        features = None if padded.features is None else padded.features.index_select(0, packed[2:])
+        path = torch.cat([packed[:1], following(packed, inputs)]) if rule.ahead else None
         if not rule.successors:
             return packed, features, path
         top = top_k_rows(logits[:, : self.text_vocab], rule.successors)

@@ -28,7 +28,7 @@ import torch
 
 from graft_cli.runtime.fixed_target import FixedShapeTarget
 from graft_cli.runtime.sampling import Noise, Sampling
-from graft_cli.runtime.target import DeviceStep, Forward, Target
+from graft_cli.runtime.target import Ahead, DeviceStep, Forward, Target
 from graft_cli.runtime.verify import Accepted
 from graft_cli.core import Tree
 
@@ -80,14 +80,15 @@ class MarginTarget(Target):
         return out
 
     def device_step(self, sampling: Sampling, noise: Noise | None, successors: int = 0,
-                    layers: tuple[int, ...] = ()) -> DeviceStep | None:
+                    layers: tuple[int, ...] = (), ahead: bool = False) -> DeviceStep | None:
         """The fixed-shape path's step, keeping the root row's margin as :meth:`verify` does."""
-        inner = super().device_step(sampling, noise, successors, layers)
+        inner = super().device_step(sampling, noise, successors, layers, ahead)
         if inner is None:
             return None
 
-        def step(root: int, tree: Tree, hidden: bool, position: int) -> tuple[Forward, Accepted]:
-            out, result = inner(root, tree, hidden, position)
+        def step(root: int, tree: Tree, hidden: bool, position: int, queue: Ahead | None = None,
+                 ) -> tuple[Forward, Accepted]:
+            out, result = inner(root, tree, hidden, position, queue)
             self._margins.append(_margin(out.logits[0]))
             return out, result
         return step

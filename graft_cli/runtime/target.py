@@ -186,12 +186,12 @@ class Target:
         return pick(logits, sampling, noise, 0), None, None
 
     def device_step(self, sampling: Sampling, noise: Noise | None, successors: int = 0,
-                    layers: tuple[int, ...] = ()) -> DeviceStep | None:
+                    layers: tuple[int, ...] = (), ahead: bool = False) -> DeviceStep | None:
         """A verification that accepts on the device and compacts its own cache, for one request (the
         fixed-shape path, graft_cli/runtime/fixed_target.py; ``successors``: the top-k of every row it also
         reads, for Token Recycling; ``layers``: the hidden layers a drafter reads, gathered for the accepted
-        rows on the device); None here: the loop verifies, accepts on the host (``verify.accept``) and
-        calls :meth:`keep`."""
+        rows on the device; ``ahead``: a proposer queues the next draft before each read); None here: the loop
+        verifies, accepts on the host (``verify.accept``) and calls :meth:`keep`."""
         return None
 
     @torch.inference_mode()

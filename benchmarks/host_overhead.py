@@ -8,8 +8,7 @@ model's, the EAGLE-3 head's) and subtracts it, and splits what is left by phase,
 engine and ``GraftProposer`` (not inside the drafter, so a rewritten drafter is measured the same way):
 
 ``draft``     the drafter's own work besides its forwards (draft() and observe())
-``ahead``     on the fixed-shape path with a head: the next draft, queued inside the step before its read (the
-              head's catch-up and levels); on a GPU it runs while the device verifies, so it is not exposed
+``ahead``     (fixed shapes) the next draft, queued before the step's read: on a GPU, while the device verifies
 ``mask``      ``Target.verify`` besides the forward: input ids, positions, the tree mask
 ``retrieve``  every retriever's ``retrieve`` and the proposer's pooling of their trees
 ``graft``     grafting the pool into the free slots and the latency model's cut
@@ -24,9 +23,8 @@ apart and not counted in ``syncs_per_step``. On this CPU every tensor op runs at
 vocabulary-sized tensor (softmax, top-k, argmax over the logits, KV moves) is device work a GPU runs
 asynchronously, so it is timed and excluded like a forward. What remains is Python and small tensor calls (on a
 GPU each of those is a kernel launch of a few microseconds, about what a small CPU op costs here). The counting
-mode's own cost per call is measured right before each pass and subtracted from it. The clock is this thread's
-CPU time by default (``--clock wall`` for perf_counter): on a shared machine wall time mostly measures the
-neighbours.
+mode's own cost per call is measured before each pass and subtracted. The clock is this thread's CPU time by
+default (``--clock wall`` for perf_counter): on a shared machine wall time mostly measures the neighbours.
 
 The forwards are played back, not run, by default. A CPU forward streams the model's weights (hundreds of MB)
 through this machine's caches, and the host code right after it runs many times slower on cold caches
@@ -48,12 +46,11 @@ Both passes run on a modelled clock (the engine's and the drafter's ``perf_count
 ``--target-ms`` times the CUDA latency curve, a draft forward ``--draft-share`` of that, and host code nothing. So
 the cost-aware decisions are the same in both passes, and they are the decisions a GPU's costs would make.
 ``--in-run`` times the record pass instead: the forwards run inline, as they do on this CPU. The cost-aware tree
-builder runs planned, as off the CPU (one device read per draft; ``--read-per-level``: one per level, the CPU's
-way). ``measure()`` is what ``benchmarks/gpu_check.py`` calls for its host row.
+builder runs planned, as off the CPU (one device read per draft, none with ``--fixed-shapes``, whose draft rides
+in the step's read; ``--read-per-level``: one per level, the CPU's way). ``measure()`` is what
+``benchmarks/gpu_check.py`` calls for its host row.
 
-    python benchmarks/host_overhead.py --drafter model --threads 1
-    python benchmarks/host_overhead.py --drafter eagle3 --threads 1
-    python benchmarks/host_overhead.py --drafter none --threads 1
+    python benchmarks/host_overhead.py --drafter model|eagle3|none --threads 1
     python benchmarks/host_overhead.py --cold-caches
     python benchmarks/host_overhead.py --drafter eagle3 --threads 1 --fixed-shapes   # the fixed-shape path, eagerly
 
@@ -191,8 +188,7 @@ class Measured:
 
     @property
     def exposed_ms(self) -> float:
-        """Host time per step the device waits for: all of it but the draft queued ahead (queued while the
-        device verifies)."""
+        """Host time per step the device waits for: all but the draft queued ahead (while the device verifies)."""
         return self.host_ms - 1e3 * self.time["ahead"] / max(self.steps, 1)
 
     @property
@@ -208,12 +204,11 @@ class Measured:
             note = notes.get(phase, "")
             lines.append(f"{phase:<10}{1e3 * self.time[phase] / steps:>10.3f}{self.reads[phase] / steps:>12.2f}"
                          f"{self.calls[phase] / steps:>18.1f}{note}")
-        mine = self.host_ms - 1e3 * (self.time["draft"] + self.time["ahead"]) / steps
-        lines.append(f"without the drafter's own work: host_ms_per_step={mine:.3f} "
-                     f"syncs_per_step={self.syncs - (self.reads['draft'] + self.reads['ahead']) / steps:.2f}")
+        mine, drafts = (sum(counts[p] for p in ("draft", "ahead")) / steps for counts in (self.time, self.reads))
+        lines.append(f"without the drafter's own work: host_ms_per_step={self.host_ms - 1e3 * mine:.3f} "
+                     f"syncs_per_step={self.syncs - drafts:.2f}")
         if self.time["ahead"]:
-            lines.append(f"not overlapped with the device (the draft queued ahead is): host_ms_per_step="
-                         f"{self.exposed_ms:.3f}")
+            lines.append(f"not overlapped with the device: host_ms_per_step={self.exposed_ms:.3f}")
         lines.append(f"host_ms_per_step={self.host_ms:.3f} syncs_per_step={self.syncs:.2f}")
         return lines
 

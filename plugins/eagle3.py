@@ -1,7 +1,8 @@
 """The ``eagle3`` drafter: EAGLE-3 heads draft from the target's own hidden states (graft_cli/heads/head.py).
 
 The head keeps its own KV cache of accepted pairs. Tree rows are dropped after each verification and the accepted
-tokens are fed again with the target's real features, as EAGLE does.
+tokens are fed again with the target's real features, as EAGLE does: after the step's read, or, drafting ahead on
+the fixed-shape path, before it, at a fixed shape from the unread result (every step, drafting or not).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from graft_cli.drafting import CostAwareProposer, LatencyModel, Objective, match
 from graft_cli.heads import load_head
 from graft_cli.runtime.engine import decode
 from graft_cli.runtime.fixed_target import FixedShapeTarget
+from graft_cli.runtime.graphs import CudaCapture
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
 from plugins.draft_model import DraftModelDrafter
@@ -162,3 +163,12 @@ def test_a_step_read_without_its_draft_falls_back_to_drafting_after_it(model_and
     assert drafter.committed + len(drafter.pending_tokens) == len(prompt) + len(got) - 1
     drafted = [record["levels"] > 0 for record in ahead.trace]
     assert drafted.count(False) >= 5 and drafted.count(True) >= 2 * drafted.count(False)
+
+
+def test_the_drafters_graphs_record_into_a_pool_of_their_own(model_and_head):
+    """A draft queued ahead replays the drafter's graphs before the step's result is read: recorded into the
+    target's pool, they could reuse the memory that result sits in."""
+    target = FixedShapeTarget(model_and_head[0], capture=CudaCapture())
+    drafter = match_target(proposer(model_and_head), target).drafter
+    assert isinstance(drafter.fixed.graphs.capture, CudaCapture)
+    assert drafter.fixed.graphs.capture is not target.graphs.capture

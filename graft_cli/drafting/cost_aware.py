@@ -5,6 +5,10 @@ pays for reading its prompt, drafts only when the measured rates say drafting be
 retrieval confidence, checks the retrieved chain in its first forward, and grows levels only while each is worth
 its time; the retrieved nodes fill what the draft left of the budget. After verification the objective learns
 what the step cost and bought.
+
+On the fixed-shape path (a drafter at fixed shapes, a planned objective) the draft is queued ahead instead:
+:meth:`CostAwareProposer.ahead` decides at a step's end, before its read, on the last retrieval, and the draft
+comes back with the step's one read; no chain is checked in it.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import torch
 
 from graft_cli.runtime.fixed_shapes import additive, bucket, visible_keys
 from graft_cli.runtime.fixed_target import FixedShapeTarget
-from graft_cli.runtime.graphs import Capture, Graphs
+from graft_cli.runtime.graphs import Capture, CudaCapture, Graphs
 from graft_cli.runtime.kv_cache import PositionCache
 from graft_cli.runtime.target import Outcome, Target
 
@@ -131,10 +131,13 @@ class FixedLevels:
 
 def match_target(proposer: Any, target: Target) -> Any:
     """``proposer``, its drafter (if any, and if it can) on fixed-shape levels when ``target`` is on the
-    fixed-shape path, captured the way the target's steps are (one memory pool)."""
+    fixed-shape path, captured the way the target's steps are, into a memory pool of the drafter's own: a draft
+    queued ahead replays between the acceptance graph and the step's read, so its graphs must never reuse the
+    memory of the target's outputs."""
     drafter = getattr(proposer, "drafter", None) or getattr(getattr(proposer, "inner", None), "drafter", None)
     if isinstance(target, FixedShapeTarget) and drafter is not None and getattr(drafter, "fix_levels", None):
-        drafter.fix_levels(target.graphs.capture)
+        capture = target.graphs.capture
+        drafter.fix_levels(capture.apart() if isinstance(capture, CudaCapture) else capture)
     return proposer
 
 

@@ -11,7 +11,9 @@ kernel launches per level, not Python per node. The host reads the device once a
 and the fed rows, in one transfer), plus once at each level where a stop decision is really open: a pruning
 checkpoint, the expansion floor, a pool big enough that it may already be settled, or the cost-aware builder's
 choice of depth. With a planned objective (on a GPU, where a read stalls the queue) the depth is chosen before
-the draft and nothing is read until the end (graft_cli/drafting/objective.py, ``Objective.replan``).
+the draft and nothing is read until the end (graft_cli/drafting/objective.py, ``Objective.replan``). On the
+fixed-shape path such a draft is queued ahead (:meth:`TreeDrafter.draft_ahead`): grown from the step's result
+before the host reads it, and read with it, so that a step with a draft reads the device once.
 
 The subclasses only say how to run one forward (:meth:`TreeDrafter._root` for the context, :meth:`_grow` for a
 level of the tree); the expansion, the pruning checkpoints, the chain mode and the bookkeeping of which tree

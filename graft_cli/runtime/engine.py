@@ -41,16 +41,11 @@ def decode(
     # a proposer that drafts the next step before a step's read, to read both at once (the fixed-shape path)
     ahead: Ahead | None = getattr(proposer, "ahead", None)
     device_step = target.device_step(sampling, noise, successors, layers, ahead is not None)
-    ahead = ahead if device_step is not None else None
-    out = target.prefill(list(prompt), proposer.wants_hidden, capacity)
-    queue = None if ahead is None else partial(_prefill_ahead, ahead, prompt, out, layers, capacity)
-    first, top, landed = target.first(out.logits[-1], sampling, noise, successors, queue)
-    context = [*prompt, first]
+    prefill = _prefill(target, proposer, prompt, sampling, noise, capacity, ahead if device_step else None)
+    context, new = prefill.context, list(prefill.accepted)
     watch.lap("prefill")
-    prefill = Step(context, [first], Tree(), list(range(len(prompt))), out.logits, out.hidden, top, ahead=landed)
     proposer.start(prompt, prefill, capacity)
     watch.lap("start")
-    new = [first]
     while True:
         new = _clip(new, max_new_tokens - stats.new_tokens, stop_ids)
         stats.new_tokens += len(new)
@@ -77,6 +72,17 @@ def decode(
                               out.ahead))
         watch.lap("update")
         stats.count_step(tree, result.nodes)
+
+
+def _prefill(target: Target, proposer: Proposer, prompt: Sequence[int], sampling: Sampling, noise: Noise | None,
+             capacity: int, ahead: Ahead | None) -> Step:
+    """The prompt's forward and its token, read once with (asked for) its row's top-k and the first draft queued
+    ``ahead``: the prefill's Step."""
+    layers = getattr(proposer, "feature_layers", ())
+    out = target.prefill(list(prompt), proposer.wants_hidden, capacity)
+    queue = None if ahead is None else partial(_prefill_ahead, ahead, prompt, out, layers, capacity)
+    first, top, landed = target.first(out.logits[-1], sampling, noise, getattr(proposer, "successors", 0), queue)
+    return Step([*prompt, first], [first], Tree(), list(range(len(prompt))), out.logits, out.hidden, top, ahead=landed)
 
 
 def _prefill_ahead(ahead: Ahead, prompt: Sequence[int], out: Forward, layers: Sequence[int], capacity: int,

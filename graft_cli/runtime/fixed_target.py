@@ -4,9 +4,12 @@ shape, captured once per bucket as CUDA graphs on a GPU (eager on a CPU), and re
 A step writes the bucket's static inputs (one host-to-device copy), runs the verification region (the padded
 forward, graft_cli/runtime/fixed_shapes.py) and the acceptance region (graft_cli/runtime/device_accept.py: the
 target's choices, the accepted path, the KV rows moved into place), then reads ``[count, bonus, rows]`` once: the
-only point where the host waits for the device. Verification is captured per (bucket, hidden states wanted) and
-acceptance per (bucket, sampling settings), so a new temperature records a small graph, never the model again;
-both keys carry the addresses they recorded (the KV block, the noise ring), and a cache that grows drops them.
+only point where the host waits for the device. A proposer that drafts ahead (``ahead``: the cost-aware builder
+over a head or a draft model) queues the next draft between the acceptance and the read, from the unread result
+(:class:`~graft_cli.runtime.target.Outcome`), and what it queued comes back in the same read. Verification is
+captured per (bucket, keys read, hidden states wanted) and acceptance per (the same, and the sampling settings),
+so a new temperature records a small graph, never the model again; both keys carry the addresses they recorded
+(the KV block, the noise ring), and a cache that grows drops them.
 
 A step the buckets cannot hold -- a tree past the largest bucket (run at its padded size, eagerly) or one whose
 padding would pass the reserved cache -- still takes the same route where it can; only a tree with no room left
@@ -115,7 +118,7 @@ class FixedShapeTarget(Target):
                                      partial(padded_forward, self.model, self.cache, self.cached, inputs, hidden,
                                              keys, layers))
         noise = None if ring is None else ring.rows
-        key = ("accept", size, rule.sampling, rule.successors, bool(layers), rule.ahead, self.layout,
+        key = ("accept", size, keys, hidden, layers, rule.sampling, rule.successors, rule.ahead, self.layout,
                None if noise is None else noise.data_ptr())
         packed, features, path = self.graphs.run(key if captured else None,
                                                  partial(self._accept_region, inputs, padded, rule, noise))

@@ -7,7 +7,13 @@ put them. Each key (a bucket, what is asked of it, and the addresses of the memo
 ``warmup`` times first (its first call may load kernels, build caches, install hooks: things a capture must not
 see), then captured once with ``torch.cuda.CUDAGraph`` -- the eager kernels recorded as they are, which takes
 about as long as a few eager calls (``torch.compile``'s "reduce-overhead" would compile the model first: minutes
-per bucket on an 8B model) -- into ONE memory pool that every graph of the target shares.
+per bucket on an 8B model) -- into ONE memory pool that every graph of the target shares (a drafter's graphs
+share one of their own).
+
+Graphs in one pool may reuse each other's memory: a graph recorded later may put its outputs where an earlier one
+keeps its scratch. So in a pool every graph's outputs are used before a graph recorded earlier replays: each
+draft level's outputs before the next level, a verification's and its acceptance's by the step (the acceptance
+graph is keyed by the keys its verification read, so the two are recorded together, in the order they replay).
 
 A capture that fails (an operation a graph cannot hold, memory) leaves that key eager for good, with one line on
 stderr: a graph is an optimisation, never a reason to stop generating.
@@ -32,6 +38,10 @@ class CudaCapture:
 
     def __init__(self) -> None:
         self.pool: Any = None
+
+    def apart(self) -> CudaCapture:
+        """A capture into a pool of its own (a drafter's graphs, which replay between the target's)."""
+        return CudaCapture()
 
     def __call__(self, region: Region) -> tuple[Replay, Any]:
         if self.pool is None:

@@ -46,8 +46,8 @@ Both passes run on a modelled clock (the engine's and the drafter's ``perf_count
 ``--target-ms`` times the CUDA latency curve, a draft forward ``--draft-share`` of that, and host code nothing. So
 the cost-aware decisions are the same in both passes, and they are the decisions a GPU's costs would make.
 ``--in-run`` times the record pass instead: the forwards run inline, as they do on this CPU. The cost-aware tree
-builder runs planned, as off the CPU (one device read per draft, none with ``--fixed-shapes``, whose draft rides
-in the step's read; ``--read-per-level``: one per level, the CPU's way). ``measure()`` is what
+builder runs planned, as off the CPU (one device read per draft; none with ``--fixed-shapes`` and a head, whose
+draft rides in the step's read; ``--read-per-level``: one per level, the CPU's way). ``measure()`` is what
 ``benchmarks/gpu_check.py`` calls for its host row.
 
     python benchmarks/host_overhead.py --drafter model|eagle3|none --threads 1
@@ -57,12 +57,11 @@ in the step's read; ``--read-per-level``: one per level, the CPU's way). ``measu
 ``--fixed-shapes`` runs the fixed-shape path (graft_cli/runtime/fixed_target.py) eagerly: the verification, the
 acceptance and the drafter's levels run as the regions a GPU captures, and each region's own time is shown as
 ``captured`` and excluded like a forward (on a GPU it is one graph replay, a few microseconds of launch); what
-is left is writing the static inputs (``mask``), the step around the regions and its one read (``accept``), and
-the rest of the loop as before.
+is left is writing the static inputs (``mask``), the step around the regions and its one read (``accept``), the
+draft queued before that read (``ahead``) and the rest of the loop as before.
 
 The suffix-array store is built once from one Alpaca-Eval output file (``$GRAFT_HOME/datastores/host-overhead``);
-the EAGLE-3 head has random weights (written to a temporary directory), scaled so that its distributions are
-peaked enough for the tree to grow.
+the EAGLE-3 head has random weights (in a temporary directory), scaled so that its tree grows.
 """
 
 from __future__ import annotations
@@ -338,9 +337,10 @@ def main() -> int:
     ap.add_argument("--fixed-shapes", action="store_true",
                     help="the fixed-shape path (graft_cli/runtime/fixed_target.py), run eagerly: padded verification, "
                          "acceptance and compaction on the device, one read")
-    ap.add_argument("--write-kv", action="store_true",
-                    help="play the forwards' cache writes back as zeros in host memory (their traffic evicts the "
-                         "host code's caches, which a GPU's writes do not), not only as rows")
+    ap.add_argument("--write-kv", action="store_true", help="play the forwards' cache writes back as zeros in host "
+                    "memory (their traffic evicts the host code's caches, which a GPU's writes do not), not as rows")
+    ap.add_argument("--draft-ahead", action="store_true",
+                    help="--fixed-shapes: a draft model drafts before the step's read too, as a head does")
     ap.add_argument("--read-per-level", action="store_true",
                     help="the cost-aware builder as on a CPU: each draft level decided from its own read")
     ap.add_argument("--repeat", type=int, default=3, help="replays (each from a fresh proposer); the quietest is shown")
@@ -356,6 +356,7 @@ def main() -> int:
         print(cold_caches(thread_time if args.clock == "cpu" else perf_counter))
         return 0
 
+    draft_model.DraftModelDrafter.ahead = args.draft_ahead
     loaded = load_model(args.model, "cpu")
     dataset = resolve_dataset("spec-bench")  # $GRAFT_BENCH_DATA or the shared data beside the repository
     questions = load_questions(dataset, args.categories.split(","), limit=1)
@@ -373,8 +374,7 @@ def main() -> int:
     config = MethodConfig(args.method, budget=args.budget, retrievers=retrievers, options=options, draft=draft, drafting=DraftSettings(depth=args.depth, draft_top_k=args.draft_top_k, prune_at=args.prune_at if args.method != "dense" else None))
     share = args.draft_share if args.draft_share is not None else (0.1 if args.drafter == "eagle3" else 0.35)
     m = measure(loaded, prompts, config, args.max_new_tokens, args.repeat, args.in_run, args.target_ms, share,
-                args.read_per_level, thread_time if args.clock == "cpu" else perf_counter, args.write_kv,
-                args.fixed_shapes)
+                args.read_per_level, thread_time if args.clock == "cpu" else perf_counter, args.write_kv, args.fixed_shapes)
     tmp.cleanup()
     print(header(args, m, len(prompts), draft))
     print("\n".join(m.table()))

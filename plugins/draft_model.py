@@ -187,10 +187,19 @@ SINK = 4  # leading prompt tokens a windowed draft keeps
 
 
 class DraftModelDrafter(TreeDrafter):
+    """``ahead``: on the fixed-shape path, draft before the step's read (one read a step) instead of after it. Off
+    by default: after the read the draft model checks the step's retrieved chain exactly, in its first forward,
+    and continues past it, which a draft queued ahead cannot (the chain needs the tokens the read brings). On the
+    default model drafting for itself (``host_overhead.py --drafter model --fixed-shapes``) the check kept τ at
+    4.20 where drafting ahead (``--draft-ahead``) gave 3.08: worth more than the read it costs."""
+
+    ahead = False
+
     def __init__(self, model: torch.nn.Module, vocab_size: int, depth: int = 6, top_k: int = 4,
                  prune: PruneSchedule | None = None, chain: bool = False, vocab: torch.Tensor | None = None,
-                 window: int = 0) -> None:
+                 window: int = 0, ahead: bool | None = None) -> None:
         super().__init__(depth, top_k, prune, chain)
+        self.ahead = type(self).ahead if ahead is None else ahead
         self.window = window  # prompt tokens the draft reads at most (0: all)
         self.skipped = 0  # context tokens after the sink that the draft never read: its row r >= SINK is r + skipped
         self.cache = DraftCache(model, vocab)

@@ -57,7 +57,7 @@ def proposer(model_and_head, retrievers=(), always: bool = False, drafter: str =
     if drafter == "head":
         made = Eagle3Drafter(load_head(head, model), model, depth=5, top_k=3)
     else:
-        made = DraftModelDrafter(tiny_model("llama", seed=1), VOCAB, depth=5, top_k=3)
+        made = DraftModelDrafter(tiny_model("llama", seed=1), VOCAB, depth=5, top_k=3, ahead=True)
     rule = objective(always)
     return CostAwareProposer(16, list(retrievers), made, rule.latency, rule)
 
@@ -163,6 +163,14 @@ def test_a_step_read_without_its_draft_falls_back_to_drafting_after_it(model_and
     assert drafter.committed + len(drafter.pending_tokens) == len(prompt) + len(got) - 1
     drafted = [record["levels"] > 0 for record in ahead.trace]
     assert drafted.count(False) >= 5 and drafted.count(True) >= 2 * drafted.count(False)
+
+
+def test_a_draft_model_drafts_after_the_read_unless_asked():
+    """By default a draft model keeps checking the retrieved chain exactly, which needs the step's read."""
+    default, asked = (DraftModelDrafter(tiny_model("llama", seed=1), VOCAB, ahead=ahead) for ahead in (False, True))
+    for drafter in (default, asked):
+        drafter.fix_levels(None)
+    assert not default.drafts_ahead(objective(False)) and asked.drafts_ahead(objective(False))
 
 
 def test_the_drafters_graphs_record_into_a_pool_of_their_own(model_and_head):

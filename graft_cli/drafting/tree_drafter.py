@@ -48,6 +48,7 @@ class TreeDrafter:
     """EAGLE-2 expansion with optional dynamic-depth pruning; ``chain=True`` drafts one path (top_k = 1)."""
 
     wants_hidden = False
+    ahead = True  # on the fixed-shape path, draft before the step's read where it can (_root_ahead)
 
     def __init__(self, depth: int = 6, top_k: int = 4, prune: PruneSchedule | None = None, chain: bool = False) -> None:
         if depth < 1 or top_k < 1:
@@ -215,7 +216,8 @@ class TreeDrafter:
 
     def drafts_ahead(self, objective: Objective | None) -> bool:
         """Whether :meth:`draft_ahead` drafts for ``objective``: on fixed-shape levels, planned, not a chain."""
-        return self.fixed is not None and objective is not None and objective.planned and not self.chain
+        planned = objective is not None and objective.planned
+        return self.ahead and self.fixed is not None and planned and not self.chain
 
     def _land(self, step: Step) -> None:
         """The draft queued ahead, made a tree from what ``step``'s read brought back (the next draft() hands it

@@ -114,3 +114,36 @@ def test_bf16_qwen_drafters_match_ar_up_to_floating_point_ties(prompts):
     out = bf16_report(target, configs, prompts[2:], 10)
     assert out["ok"], out["mismatches"]
     assert out["tau"]["dense"] > 1.0
+
+
+def test_the_shipped_head_drafts_ahead_on_the_fixed_shape_path_with_one_read_a_step(smollm2, prompts):
+    """The default model with its shipped EAGLE-3 head on the fixed-shape path, the cost-aware tree planned as on
+    a GPU: each draft is queued before the step's read and comes back with it; plain decoding's tokens, one read a
+    step (the prefill's included), and drafts on most steps."""
+    import numpy as np
+
+    from graft_cli.drafting import LatencyModel, match_target
+    from graft_cli.runtime.fixed_target import FixedShapeTarget
+    from tests.test_device import Discipline
+
+    torch.set_num_threads(2)
+    config = methods.MethodConfig("graft", budget=60, retrievers=["prompt", "recycling"],
+                                  draft="eagle3:smollm2-135m-instruct-eagle3", drafting=DraftSettings(depth=7))
+    ids = encode(smollm2.tokenizer, prompts[3])  # math: the head agrees often enough to draft deep
+    ar, _ = generate(smollm2, "ar", ids, 64)
+    target = FixedShapeTarget(smollm2.model)
+    proposer = match_target(methods.build(config, smollm2), target)
+    proposer.latency = proposer.objective.latency = LatencyModel.default("cuda")
+    proposer.objective.planned = True
+    mode, reads = Discipline(scope=("graft_cli/", "plugins/"), strict=False), [0]
+    steps = decode(target, proposer, ids, Sampling(), 64, stop_ids(smollm2))
+    with mode:
+        got = list(next(steps))
+        reads.append(mode.reads)
+        for new in steps:
+            got += new
+            reads.append(mode.reads)
+    assert got == ar
+    assert set(np.diff(reads)) == {1}
+    drafted = sum(1 for record in proposer.trace if record["levels"])
+    assert drafted >= len(proposer.trace) // 2 and proposer.drafter.ahead

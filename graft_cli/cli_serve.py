@@ -10,9 +10,9 @@ import typer
 
 from graft_cli.catalog.entries import DEFAULT_MODEL
 from graft_cli.cli_options import (
-    AdjacencyFile, Budget, Chain, Datastore, Depth, Device, DeviceMap, Draft, DraftTopK, DraftVocab, DraftWeights,
-    DraftWindow, Dtype, Graphs, MaxNewTokens, Method, Model, PrefillChunk, PruneAt, RetrieverOpt, Retrievers,
-    RopeTheta, TreeShape, Truncate, method_config,
+    AdjacencyFile, Budget, Chain, Datastore, Depth, Device, DeviceMap, Draft, DraftAhead, DraftTopK, DraftVocab,
+    DraftWeights, DraftWindow, Dtype, Graphs, MaxNewTokens, Method, Model, PrefillChunk, PruneAt, RetrieverOpt,
+    Retrievers, RopeTheta, TreeShape, Truncate, method_config,
 )
 
 SERVER = "Server"
@@ -31,6 +31,7 @@ def serve(
     draft_vocab: DraftVocab = None,
     draft_window: DraftWindow = None,
     draft_weights: DraftWeights = None,
+    draft_ahead: DraftAhead = None,
     rope_theta: RopeTheta = None,
     adjacency_file: AdjacencyFile = None,
     retrievers: Retrievers = None,

@@ -357,4 +357,5 @@ def make(env: DrafterEnv) -> DraftModelDrafter:
     ranking = token_ranking.load(target.tokenizer, size)
     kept = draft_vocab(target.tokenizer, size, default_vocab(settings.draft_vocab, ranking, target.device), ranking)
     return DraftModelDrafter(model, size, depth=settings.depth, top_k=settings.draft_top_k, prune=env.prune,
-                             chain=settings.chain, vocab=kept, window=settings.draft_window or 0)
+                             chain=settings.chain, vocab=kept, window=settings.draft_window or 0,
+                             ahead=settings.draft_ahead)

@@ -248,6 +248,12 @@ def test_the_switch_in_the_api_and_the_command_line(synthetic, capsys):
     code, out, _ = run_cli(["generate", prompt, "--model", folder, "--raw", "-n", "20", "--device", "cpu", "-t",
                             "0.8", "--seed", "3", "--graphs", "on"], capsys)
     assert code == 0 and out.removesuffix("\n") == texts["on"]
+    for ahead in (None, True):  # a draft model drafts after the read unless --draft-ahead
+        with graft_cli.load(folder, draft=folder, device="cpu", graphs="on", draft_ahead=ahead) as generator:
+            assert generator.proposer.drafter.ahead == bool(ahead)
+    code, out, _ = run_cli(["generate", prompt, "--model", folder, "--draft", folder, "--raw", "-n", "20", "--device",
+                            "cpu", "-t", "0.8", "--seed", "3", "--graphs", "on", "--draft-ahead"], capsys)
+    assert code == 0 and out.removesuffix("\n") == texts["on"]
     code, _, err = run_cli(["generate", prompt, "--model", folder, "--graphs", "maybe"], capsys)
     assert code == 2 and "--graphs must be one of auto, on, off" in err
     with pytest.raises(GraftError, match="--graphs"):

@@ -61,6 +61,7 @@ class DraftSettings:
     draft_vocab: int | None = None  # draft models: score N ranked ids + special + the prompt's (0: all)
     draft_window: int | None = None  # draft models: prompt tokens read at most (0: all)
     draft_weights: str | None = None  # draft models: "fp16" (linears over half weights, CPU) or "full"
+    draft_ahead: bool | None = None  # draft models, fixed shapes: draft before the step's read (default: after it)
 
 
 class LoadedModel(Protocol):

@@ -43,7 +43,10 @@ class Drafter(Protocol):
 
     wants_hidden: bool  # whether observe() needs the target's hidden states (EAGLE heads do)
     # optional ``feature_layers: tuple[int, ...]``: the layers it reads of them; the fixed-shape path then hands
-    # observe() those layers of the accepted rows, gathered on the device (``Step.features``)
+    # observe() those layers of the accepted rows, gathered on the device (``Step.features``); optional
+    # ``draft_ahead(outcome, context, budget, objective)`` and ``drafts_ahead(objective)``: the next draft queued
+    # before a step's read, read with it and handed to observe() as ``Step.ahead`` (with ``landed``, ``ahead_of``
+    # and ``ahead_s``: TreeDrafter has them all)
     levels: int  # tree levels the last draft grew (the trace records them)
     forward_rows: list[int]  # rows fed by each forward of the last draft (the objective measures their cost)
     catch_up_s: float  # seconds the last draft spent first reading the request's prompt (a cost of joining)

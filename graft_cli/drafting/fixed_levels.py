@@ -13,6 +13,10 @@ real rows: the next level writes there, and no real row ever sees them.
 
 A drafter on this path runs EVERY tree level through it (captured or, before its warm-up ends, eagerly): its
 cache's rows are then written where the index says and never counted by the cache, which the drafter does itself.
+
+A draft queued before a step's read (tree_drafter.py, ``draft_ahead``) first feeds the step's accepted tokens the
+same way, as one causal block padded to the verification's bucket (:meth:`FixedLevels.catch_up`): their count is
+on the device, so the levels after it take their context length from there (``visible`` as a device tensor).
 """
 
 from __future__ import annotations

@@ -356,7 +356,6 @@ def main() -> int:
         print(cold_caches(thread_time if args.clock == "cpu" else perf_counter))
         return 0
 
-    draft_model.DraftModelDrafter.ahead = args.draft_ahead
     loaded = load_model(args.model, "cpu")
     dataset = resolve_dataset("spec-bench")  # $GRAFT_BENCH_DATA or the shared data beside the repository
     questions = load_questions(dataset, args.categories.split(","), limit=1)
@@ -371,7 +370,7 @@ def main() -> int:
         draft = args.draft or args.model
     elif args.drafter == "eagle3":
         draft = args.draft or random_head(Path(tmp.name), loaded.model, 32000, args.head_sharpness)
-    config = MethodConfig(args.method, budget=args.budget, retrievers=retrievers, options=options, draft=draft, drafting=DraftSettings(depth=args.depth, draft_top_k=args.draft_top_k, prune_at=args.prune_at if args.method != "dense" else None))
+    config = MethodConfig(args.method, budget=args.budget, retrievers=retrievers, options=options, draft=draft, drafting=DraftSettings(depth=args.depth, draft_top_k=args.draft_top_k, prune_at=args.prune_at if args.method != "dense" else None, draft_ahead=args.draft_ahead))
     share = args.draft_share if args.draft_share is not None else (0.1 if args.drafter == "eagle3" else 0.35)
     m = measure(loaded, prompts, config, args.max_new_tokens, args.repeat, args.in_run, args.target_ms, share,
                 args.read_per_level, thread_time if args.clock == "cpu" else perf_counter, args.write_kv, args.fixed_shapes)

@@ -193,13 +193,11 @@ class DraftModelDrafter(TreeDrafter):
     default model drafting for itself (``host_overhead.py --drafter model --fixed-shapes``) the check kept τ at
     4.20 where drafting ahead (``--draft-ahead``) gave 3.08: worth more than the read it costs."""
 
-    ahead = False
-
     def __init__(self, model: torch.nn.Module, vocab_size: int, depth: int = 6, top_k: int = 4,
                  prune: PruneSchedule | None = None, chain: bool = False, vocab: torch.Tensor | None = None,
-                 window: int = 0, ahead: bool | None = None) -> None:
+                 window: int = 0, ahead: bool = False) -> None:
         super().__init__(depth, top_k, prune, chain)
-        self.ahead = type(self).ahead if ahead is None else ahead
+        self.ahead = ahead
         self.window = window  # prompt tokens the draft reads at most (0: all)
         self.skipped = 0  # context tokens after the sink that the draft never read: its row r >= SINK is r + skipped
         self.cache = DraftCache(model, vocab)
@@ -211,8 +209,6 @@ class DraftModelDrafter(TreeDrafter):
             self.column = torch.full((vocab_size,), -1, dtype=torch.long, device=self.cache.device)
             self.column[self.reduced] = torch.arange(len(self.reduced), device=self.cache.device)
         self.root_position = 0
-        self.base: torch.Tensor | None = None  # set while a draft is queued ahead: the context rows, on the device
-        self.most = 0  # ... and the most they may be
         self.capacity, self.joined = 0, False  # the request's positions; whether its prompt has been read
         self.read: Sequence[int] = ()  # the last request the draft read, as its context (the engine's list) ...
         self.kept = 0  # ... and how many of its first tokens this request's prompt begins with, still cached
@@ -286,7 +282,7 @@ class DraftModelDrafter(TreeDrafter):
         pending = torch.tensor([*context[done + self.skipped :], *chain], dtype=torch.long, device=device)
         at = torch.arange(done, end + len(chain), device=device)
         logits = self.cache.feed(pending, at, None, 0, last=len(chain) + 1)
-        self.root_position, self.base = end - 1, None
+        self.root_position = end - 1
         return self._logp(logits)
 
     def _root_ahead(self, outcome: Outcome, context: Sequence[int], budget: int) -> tuple[torch.Tensor, Any] | None:
@@ -299,15 +295,13 @@ class DraftModelDrafter(TreeDrafter):
         if self.cache.length < len(context) - self.skipped:
             self._feed(context, [])
         logits = self.cache.fixed_catch_up(self.fixed, outcome)
-        self.base, self.most = self.fixed.base, self.cache.length + outcome.tokens.shape[0]
+        self.base, self.most = self.fixed.base, self.fixed.most
         return self._logp(logits)[0], None
 
-    def observe(self, step: Step) -> None:
-        if self.ahead_of == "step":  # its tokens were fed on the device before the read: now they are counted
-            self.cache.length += len(step.kept)
-            self.cache.cache.settle(self.cache.length)
-            self.root_position, self.base = self.cache.length - 1, None
-        super().observe(step)
+    def _count_fed(self, rows: int) -> None:
+        self.cache.length += rows
+        self.cache.cache.settle(self.cache.length)
+        self.root_position = self.cache.length - 1
 
     def fix_levels(self, capture: Capture | None) -> bool:
         self.fixed = FixedLevels(capture, self.top_k, self.cache.device)
@@ -358,4 +352,4 @@ def make(env: DrafterEnv) -> DraftModelDrafter:
     kept = draft_vocab(target.tokenizer, size, default_vocab(settings.draft_vocab, ranking, target.device), ranking)
     return DraftModelDrafter(model, size, depth=settings.depth, top_k=settings.draft_top_k, prune=env.prune,
                              chain=settings.chain, vocab=kept, window=settings.draft_window or 0,
-                             ahead=settings.draft_ahead)
+                             ahead=bool(settings.draft_ahead))

@@ -32,8 +32,6 @@ class Eagle3Drafter(TreeDrafter):
         self.pending_tokens: list[int] | torch.Tensor = []  # ... their tokens (on the device: the prefill's, ahead)
         self.committed = 0  # pairs in the head's cache
         self.next_position = 0
-        self.base: torch.Tensor | None = None  # set while a draft is queued ahead: the pairs then, on the device
-        self.most = 0  # ... and the most they may be
 
     def _features(self, hidden: tuple[torch.Tensor, ...] | None, rows: list[int]) -> torch.Tensor:
         if hidden is None or len(hidden) != self.num_states:
@@ -54,13 +52,10 @@ class Eagle3Drafter(TreeDrafter):
         self.pending_tokens = [*list(prompt)[1:], *prefill.accepted[:1]]
 
     def observe(self, step: Step) -> None:
-        if self.ahead_of == "step":  # its pairs were fed on the device before the read: now they are counted
-            self.committed = self.next_position = self.committed + len(step.kept)
-            self.head.cache.settle(self.committed)
-            self.base = None
-            super().observe(step)
-            return
+        fed = self.ahead_of == "step"  # its pairs were fed on the device before the read (_count_fed)
         super().observe(step)
+        if fed:
+            return
         # the root and every accepted node, each paired with the token that followed it (gathered already on the
         # fixed-shape path, in a graph's output that the next step overwrites: copied)
         if step.features is not None:
@@ -87,7 +82,7 @@ class Eagle3Drafter(TreeDrafter):
         out = head.forward(tokens, head.fuse(features), positions, allowed)
         self.committed += n
         self.pending_features, self.pending_tokens = [], []
-        self.next_position, self.base = past + n, None  # where the root's children sit (known on the host)
+        self.next_position = past + n  # where the root's children sit
         return head.logp(out[-1]), out[-1:]
 
     def _root_ahead(self, outcome: Outcome, context: Sequence[int], budget: int) -> tuple[torch.Tensor, Any] | None:
@@ -99,7 +94,7 @@ class Eagle3Drafter(TreeDrafter):
         if outcome.start:
             self._reset()
             self.head.reset(outcome.start)
-            self.committed, self.base = 0, None
+            self.committed = 0
             self.pending_features, self.pending_tokens = [outcome.features], outcome.tokens
             return self._root(())
         if self.fixed is None:
@@ -117,8 +112,12 @@ class Eagle3Drafter(TreeDrafter):
         with kernels_outside(head):
             logp, state = fixed.run("head catch-up", head.cache, inputs,
                                     partial(head_catch_up, head, inputs, features, fixed.count))
-        self.base, self.most = fixed.base, self.committed + outcome.tokens.shape[0]
+        self.base, self.most = fixed.base, fixed.most
         return logp, state
+
+    def _count_fed(self, rows: int) -> None:
+        self.committed = self.next_position = self.committed + rows
+        self.head.cache.settle(self.committed)
 
     def fix_levels(self, capture: Capture | None) -> bool:
         self.fixed = FixedLevels(capture, self.top_k, self.head.device)

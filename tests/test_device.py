@@ -119,6 +119,21 @@ def _bool_index(index) -> bool:
     return any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts)
 
 
+def decode_reading(target, proposer, prompt: list[int], sampling: Sampling, n: int, stops: set[int] = frozenset(),
+                   seed: int | None = None) -> tuple[list[int], list[int]]:
+    """Decode with graft's and the plugins' device reads counted: the tokens, and the reads of the prefill (with
+    the proposer's start), then of each step."""
+    mode, reads = Discipline(scope=("graft_cli/", "plugins/"), strict=False), [0]
+    steps = decode(target, proposer, prompt, sampling, n, set(stops), seed)
+    with mode:
+        got = list(next(steps))
+        reads.append(mode.reads)
+        for new in steps:
+            got += new
+            reads.append(mode.reads)
+    return got, np.diff(reads).tolist()
+
+
 def draft_model_proposer(method: str, budget: int, depth: int = 5, top_k: int = 3,
                          objective: Objective | None = None) -> GraftProposer:
     prune = None if method == "dense" else PruneSchedule.parse("0:0.3,1:0.2,3:0.1", floor=0.02)

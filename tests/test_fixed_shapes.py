@@ -28,7 +28,7 @@ from graft_cli.synthetic import OracleTreeProposer, method_configs, random_tree,
 from plugins.adjacency import AdjacencyRetriever
 from plugins.prompt_lookup import PromptLookup
 from tests.bench_fixtures import run_cli
-from tests.test_device import Discipline
+from tests.test_device import Discipline, decode_reading
 from tests.tiny import VOCAB, tiny_model
 
 SAMPLINGS = {"greedy": Sampling(), "sampled": Sampling(temperature=0.8, top_k=8, top_p=0.95)}
@@ -201,20 +201,13 @@ def test_recycling_learns_the_same_table_from_the_steps_one_read():
     for target in (Target(model), FixedShapeTarget(model)):
         retriever = AdjacencyRetriever(VOCAB)
         proposer = GraftProposer(12, [PromptLookup(), retriever])
-        mode, reads = Discipline(scope=("graft_cli/", "plugins/"), strict=False), [0]
-        steps = decode(target, proposer, prompt, Sampling(), 50, set(), 0)
-        with mode:
-            got = list(next(steps))
-            reads.append(mode.reads)
-            for new in steps:
-                got += new
-                reads.append(mode.reads)
-        runs[type(target)] = (got, retriever.tokens.clone(), retriever.probs.clone(), np.diff(reads))
+        got, reads = decode_reading(target, proposer, prompt, Sampling(), 50, seed=0)
+        runs[type(target)] = (got, retriever.tokens.clone(), retriever.probs.clone(), reads)
         assert proposer.successors == retriever.k
     (eager, table, probs, _), (fixed, fixed_table, fixed_probs, reads) = runs[Target], runs[FixedShapeTarget]
     assert fixed == eager and torch.equal(fixed_table, table)
     torch.testing.assert_close(fixed_probs, probs)
-    assert list(reads) == [1] * len(reads)  # the prefill's, then each step's
+    assert reads == [1] * len(reads)  # the prefill's, then each step's
 
 
 def test_the_new_modules_keep_device_discipline():

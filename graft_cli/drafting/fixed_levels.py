@@ -86,6 +86,8 @@ class FixedLevels:
         self.states: dict[tuple[int, int], torch.Tensor] = {}  # a head's input states [rows, width], by both
         self.count = torch.zeros(1, dtype=torch.long, device=device)  # a catch-up's real rows
         self.base = torch.zeros(1, dtype=torch.long, device=device)  # the context rows after it
+        self.most = 0  # ... at most
+        self._causal: dict[int, torch.Tensor] = {}  # a catch-up block's mask, by rows
         self.width = WIDTH  # tree rows the static masks hold (they grow with a deeper tree)
 
     def prepare(self, cache: PositionCache, tokens: torch.Tensor, positions: torch.Tensor,
@@ -106,14 +108,17 @@ class FixedLevels:
 
     def catch_up(self, cache: PositionCache, outcome: Outcome, past: int) -> LevelInputs:
         """A step's accepted pairs (:class:`Outcome`, padded, their count on the device) as one causal block
-        written from row ``past`` on; :attr:`count` holds their count and :attr:`base` the rows after them, where
-        the next draft's levels go."""
+        written from row ``past`` on; :attr:`count` holds their count and :attr:`base` the rows after them (at most
+        :attr:`most`), where the next draft's levels go."""
         rows, device = outcome.tokens.shape[0], self.device
+        causal = self._causal.get(rows)
+        if causal is None:
+            causal = self._causal[rows] = torch.ones((rows, rows), dtype=torch.bool, device=device).tril()
         at = torch.arange(past, past + rows, device=device)
-        causal = torch.ones((rows, rows), dtype=torch.bool, device=device).tril()
         inputs = self.prepare(cache, outcome.tokens, at, past, 0, causal)
         self.count.copy_(outcome.count)
         torch.add(self.count, past, out=self.base)
+        self.most = past + rows
         return inputs
 
     def states_for(self, states: torch.Tensor, rows: int) -> torch.Tensor:

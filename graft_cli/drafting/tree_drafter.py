@@ -68,6 +68,8 @@ class TreeDrafter:
         self._landed: Tree | None = None  # ... made a tree, until draft() hands it over
         self.ahead_s = 0.0  # seconds the host spent queueing and reading the draft queued ahead
         self.ahead_of: str | None = None  # "start" or "step": what the last draft_ahead() fed before its read
+        self.base: torch.Tensor | None = None  # ... a step's: the drafter's context rows after it, on the device
+        self.most = 0  # ... and the most they may be (what the cache must hold)
 
     # --- what subclasses provide ----------------------------------------------------------------------------
     def _root(self, context: Sequence[int]) -> tuple[torch.Tensor, Any]:
@@ -88,6 +90,9 @@ class TreeDrafter:
         and state, or None where this drafter cannot or need not (it then reads the step's tokens after the read,
         as usual)."""
         return None
+
+    def _count_fed(self, rows: int) -> None:
+        """The step fed before its read kept ``rows`` rows (the root's included): now the host knows, count them."""
 
     def _to_target(self, ids: torch.Tensor) -> torch.Tensor:
         """Draft vocabulary ids to target ids (identity unless the drafter has its own vocabulary)."""
@@ -131,7 +136,7 @@ class TreeDrafter:
 
     def _reset(self) -> None:
         """Forget the last request's draft, queued ahead or not."""
-        self.ahead_of, self._landing, self._landed = None, None, None
+        self.ahead_of, self._landing, self._landed, self.base = None, None, None, None
         self._forget()
         self.tree_rows = 0
 
@@ -146,7 +151,8 @@ class TreeDrafter:
 
     def observe(self, step: Step) -> None:
         if self.ahead_of == "step":  # fed already, and the next draft queued, before the step's read
-            self.ahead_of = None
+            self.ahead_of, self.base = None, None
+            self._count_fed(len(step.kept))
             self._land(step)
             return
         self._drop_tree(self._accepted_rows(step.accepted[:-1]))

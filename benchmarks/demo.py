@@ -10,7 +10,7 @@ import argparse
 
 import torch
 
-from graft_cli import methods
+from graft_cli.method import builder as methods
 from graft_cli.runtime.engine import decode
 from graft_cli.runtime.loading import encode, load_model, stop_ids
 from graft_cli.runtime.sampling import Sampling

@@ -55,7 +55,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 
 from graft_cli.core import DEFAULT_SCHEDULE, DraftSettings
-from graft_cli import methods
+from graft_cli.method import builder as methods
 from graft_cli.runtime.attention_kernels import attention_kernels
 from graft_cli.bench.datasets import Question
 from graft_cli.bench.execution import Conversation, execute, warm_up
@@ -64,10 +64,10 @@ from graft_cli.bench.runners import EngineRunner, PeerRunner, shared_models
 from graft_cli.runtime.engine import decode
 from graft_cli.runtime.loading import load_model, stop_ids
 from graft_cli.runtime.lossless import MarginTarget, report
-from graft_cli.methods import MethodConfig
+from graft_cli.method.builder import MethodConfig
 from graft_cli.core.defaults import CUDA
 from graft_cli.runtime.sampling import Sampling, probabilities
-from graft_cli.synthetic import method_configs, random_tree, synthetic_models, text_store
+from graft_cli.bench.synthetic import method_configs, random_tree, synthetic_models, text_store
 from graft_cli.runtime.target import Target
 
 import gpu_fixed

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from graft_cli import methods
+from graft_cli.method import builder as methods
 from graft_cli.bench.runners import shared_models
 from graft_cli.core import DEFAULT_SCHEDULE, DraftSettings, Stats, Step, Tree
 from graft_cli.core.defaults import CUDA
@@ -47,7 +47,7 @@ from graft_cli.runtime.loading import load_model
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
 from graft_cli.runtime.verify import accept
-from graft_cli.synthetic import method_configs, random_tree, synthetic_models, text_store
+from graft_cli.bench.synthetic import method_configs, random_tree, synthetic_models, text_store
 from plugins.eagle3 import Eagle3Drafter
 
 SIZES = (1, 16, 32, 64, 128)  # tokens a verification feeds, root included

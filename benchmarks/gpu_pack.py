@@ -268,7 +268,7 @@ def smoke_inputs(folder: Path) -> Path:
     """A tiny random Llama zipped as the model to carry, and a repetitive corpus of its words as tokens; returns
     the tiny model's directory (shipping reads its config)."""
     from graft_cli.heads.data import read_documents, write_packed
-    from graft_cli.synthetic import save_model_dir, tiny_model, word_tokenizer
+    from graft_cli.bench.synthetic import save_model_dir, tiny_model, word_tokenizer
 
     tokenizer = word_tokenizer()
     model_dir = save_model_dir(folder / "src" / "tiny-target", tiny_model(layers=5), tokenizer)

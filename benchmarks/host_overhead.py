@@ -88,7 +88,7 @@ from graft_cli.core import DEFAULT_SCHEDULE, DraftSettings, Stats
 from graft_cli.core.defaults import CUDA
 from graft_cli.drafting import match_target
 from graft_cli.drafting.budget import LatencyModel
-from graft_cli.methods import MethodConfig, build
+from graft_cli.method.builder import MethodConfig, build
 from graft_cli.runtime import engine
 from graft_cli.runtime.kv_cache import PositionLayer
 from graft_cli.runtime.loading import encode, load_model, stop_ids

@@ -1,6 +1,6 @@
 """graft: lossless speculative decoding that drafts less and retrieves more.
 
-The library's entry point is :func:`load` (graft_cli/api.py, docs/api.md). It is imported on first use, so that
+The library's entry point is :func:`load` (graft_cli/api/, docs/api.md). It is imported on first use, so that
 ``import graft_cli`` stays cheap and leaves the process as it was.
 """
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers.utils import logging as hf_logging
 
-from graft_cli import discovery
+from graft_cli.core import discovery
 
 # the tests' own model saving and loading print no progress bars or warnings into the output they check (graft's
-# commands quiet transformers themselves: graft_cli/cli.py)
+# commands quiet transformers themselves: graft_cli/cli/__init__.py)
 hf_logging.set_verbosity_error()
 hf_logging.disable_progress_bar()
 

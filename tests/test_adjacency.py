@@ -12,7 +12,7 @@ from graft_cli.drafting.proposer import GraftProposer
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.core import RetrieverEnv, ROOT, Stats, Step, Tree
 from graft_cli.runtime.target import Target
-from graft_cli.discovery import load_factory
+from graft_cli.core.discovery import load_factory
 from plugins.adjacency import DEFAULT_TEMPLATE, AdjacencyRetriever
 from tests.test_tree import check_invariants
 from tests.tiny import VOCAB, tiny_model

@@ -148,7 +148,7 @@ def test_command_line_habits(tiny_dir, capsys):
 
 
 def test_the_eagle3_alias_drafts_with_a_head(tmp_path):
-    from graft_cli.method_config import MethodConfig
+    from graft_cli.method.config import MethodConfig
 
     config = MethodConfig("eagle3", draft="some-head")
     assert (config.method, config.draft) == ("dense", "eagle3:some-head")

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from graft_cli import plots
+from graft_cli.bench import plots
 from graft_cli.bench.answers import write_answers
 from graft_cli.bench.datasets import (
     REPO_ROOT,
@@ -349,12 +349,12 @@ def test_outputs_answer_files_and_plots(tmp_path):
 
 
 def test_plots_leave_matplotlib_as_they_found_it(tmp_path):
-    """Importing graft_cli.plots and drawing with it sets no backend and loads no pyplot: a program that imports
+    """Importing graft_cli.bench.plots and drawing with it sets no backend and loads no pyplot: a program that imports
     graft keeps its own matplotlib setup."""
     code = f"""
 import sys, matplotlib
 backend = matplotlib.rcParams._get("backend")
-from graft_cli import plots
+from graft_cli.bench import plots
 figs = {{"speedup": 1.0, "tau": 1.0}}
 plots.speedup_by_category({{"summary": {{"overall": {{"ar": figs}}}}, "config": {{"methods": [{{"name": "ar"}}],
     "model": {{"spec": "m"}}, "dataset": {{"spec": "d"}}, "max_new_tokens": 4, "device": {{"device": "cpu"}}}}}},

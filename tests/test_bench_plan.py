@@ -43,7 +43,7 @@ def test_variants_run_as_named_methods_with_their_own_settings():
 
 
 def test_variant_flag_is_parsed_and_bad_ones_are_one_line_errors():
-    from graft_cli.cli_bench import _variant
+    from graft_cli.cli.bench import _variant
 
     assert _variant("deep=graft depth=14 prune_at=0:0.5,floor:0.3") == (
         "deep", Variant("graft", {"depth": "14", "prune_at": "0:0.5,floor:0.3"}))

@@ -10,7 +10,7 @@ import torch
 
 import dataclasses
 
-from graft_cli.method_config import parse_budget
+from graft_cli.method.config import parse_budget
 from graft_cli.core.defaults import CPU, DEVICES
 from graft_cli.drafting import profile
 from graft_cli.drafting.budget import LatencyModel
@@ -140,7 +140,7 @@ def test_profile_measures_what_the_context_adds(tiny_dir, tmp_path, monkeypatch)
 
 
 def test_build_auto_wraps_the_method_at_the_cap(tiny_dir, tmp_path, monkeypatch):
-    from graft_cli import methods
+    from graft_cli.method import builder as methods
     from graft_cli.runtime.loading import load_model
 
     monkeypatch.setenv("GRAFT_HOME", str(tmp_path))

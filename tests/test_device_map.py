@@ -11,7 +11,7 @@ from graft_cli.core import GraftError
 from graft_cli.drafting.proposer import GraftProposer
 from graft_cli.runtime.loading import load_model, parse_device_map
 from graft_cli.runtime.sampling import Sampling
-from graft_cli.synthetic import VOCAB, OracleTreeProposer, save_model_dir, tiny_model, word_tokenizer
+from graft_cli.bench.synthetic import VOCAB, OracleTreeProposer, save_model_dir, tiny_model, word_tokenizer
 from graft_cli.runtime.target import Target
 
 PLACED = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "cpu", "model.norm": "cpu",

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from graft_cli import discovery
+from graft_cli.core import discovery
 from graft_cli.core import DraftSettings, GraftError, PruneSchedule
-from graft_cli import methods
+from graft_cli.method import builder as methods
 from graft_cli.core import DrafterEnv
-from graft_cli.method_config import parse_draft
-from graft_cli.methods import load_drafter
+from graft_cli.method.config import parse_draft
+from graft_cli.method.builder import load_drafter
 from graft_cli.runtime.engine import decode
 from graft_cli.runtime.loading import Loaded
-from graft_cli.methods import MethodConfig
+from graft_cli.method.builder import MethodConfig
 from graft_cli.runtime.sampling import Sampling
-from graft_cli.synthetic import save_model_dir, word_tokenizer
+from graft_cli.bench.synthetic import save_model_dir, word_tokenizer
 from graft_cli.runtime.target import Target
 from tests.test_cli import run_main
 from tests.tiny import tiny_model

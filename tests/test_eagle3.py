@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from graft_cli.core import DraftSettings, GraftError, PruneSchedule, Stats
-from graft_cli import methods
+from graft_cli.method import builder as methods
 from graft_cli.heads import expected_shapes, layer_indices, load_head
 from plugins.eagle3 import Eagle3Drafter
 from graft_cli.runtime.engine import decode
 from graft_cli.drafting.proposer import GraftProposer
 from graft_cli.runtime.loading import Loaded
-from graft_cli.methods import MethodConfig
+from graft_cli.method.builder import MethodConfig
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
 from plugins.adjacency import AdjacencyRetriever

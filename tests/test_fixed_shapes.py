@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import graft_cli
-from graft_cli import methods
+from graft_cli.method import builder as methods
 from graft_cli.bench.runners import shared_models
 from graft_cli.core import GraftError, ROOT, Tree
 from graft_cli.drafting import match_target
@@ -24,7 +24,7 @@ from graft_cli.runtime.loading import load_model
 from graft_cli.runtime.sampling import Noise, Sampling, sample
 from graft_cli.runtime.target import Target
 from graft_cli.runtime.verify import accept
-from graft_cli.synthetic import OracleTreeProposer, method_configs, random_tree, synthetic_models, text_store
+from graft_cli.bench.synthetic import OracleTreeProposer, method_configs, random_tree, synthetic_models, text_store
 from plugins.adjacency import AdjacencyRetriever
 from plugins.prompt_lookup import PromptLookup
 from tests.bench_fixtures import run_cli

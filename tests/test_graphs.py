@@ -23,7 +23,7 @@ from graft_cli.runtime.fixed_target import FixedShapeTarget
 from graft_cli.runtime.graphs import Graphs
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
-from graft_cli.synthetic import OracleTreeProposer
+from graft_cli.bench.synthetic import OracleTreeProposer
 from plugins.eagle3 import Eagle3Drafter
 from plugins.prompt_lookup import PromptLookup
 from tests.test_device import draft_model_proposer

@@ -9,14 +9,14 @@ import torch
 from torch.nn import functional as F
 
 from graft_cli.core import DraftSettings, GraftError, Stats
-from graft_cli import methods
-from graft_cli.method_config import draft_weights_for
+from graft_cli.method import builder as methods
+from graft_cli.method.config import draft_weights_for
 from graft_cli.runtime.cpu_linear import CpuLinear, use_cpu_linears
 from plugins import draft_model
 from plugins.draft_model import DraftModelDrafter, draft_vocab
 from graft_cli.drafting.proposer import GraftProposer
 from graft_cli.runtime.half_linear import HalfLinear, half_available, half_copy
-from graft_cli.methods import MethodConfig
+from graft_cli.method.builder import MethodConfig
 from tests.test_drafters import run, similar_draft, tiny_loaded
 from tests.tiny import VOCAB, tiny_model
 

@@ -284,9 +284,9 @@ def test_regenerated_answers_are_the_targets_and_cached(tiny_target, corpus, tmp
 @pytest.mark.real_model
 @pytest.mark.skipif(not SHIPPED_HEADS, reason="no shipped head")
 def test_the_shipped_head_drafts_losslessly_for_the_default_model():
-    from graft_cli import methods
+    from graft_cli.method import builder as methods
     from graft_cli.runtime.loading import encode, load_model
-    from graft_cli.methods import MethodConfig
+    from graft_cli.method.builder import MethodConfig
     from graft_cli.drafting.proposer import GraftProposer
     from graft_cli.core import Stats
     from tests.test_eagle3 import run

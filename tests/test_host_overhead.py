@@ -4,7 +4,7 @@ profile is measured before the record, so the replays still match it."""
 from graft_cli.core import DraftSettings
 from graft_cli.catalog.home import graft_home
 from graft_cli.runtime.loading import load_model
-from graft_cli.methods import MethodConfig
+from graft_cli.method.builder import MethodConfig
 from tests.scripts import load_script
 
 

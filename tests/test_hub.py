@@ -14,7 +14,7 @@ import pytest
 
 from graft_cli.catalog import checksums, hub, resolve
 from graft_cli.core import GraftError
-from graft_cli.synthetic import save_model_dir, tiny_model, word_tokenizer
+from graft_cli.bench.synthetic import save_model_dir, tiny_model, word_tokenizer
 from tests.hub_fixtures import add_snapshot, use_cache
 
 A, B = "a" * 40, "b1" * 20  # two commits of org/tiny: main, and the tag v1

@@ -13,7 +13,7 @@ from plugins.draft_model import DraftModelDrafter
 from graft_cli.runtime.engine import decode
 from graft_cli.drafting.proposer import GraftProposer
 from graft_cli.runtime.kv_cache import PositionCache, cache_keyword
-from graft_cli.prefill_bar import PrefillBar
+from graft_cli.cli.prefill_bar import PrefillBar
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
 from graft_cli.core import Tree

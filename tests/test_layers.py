@@ -13,14 +13,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # lowest first; a module belongs to the layer of the longest prefix that names it
 LAYERS = [
-    ("core", ["graft_cli.core", "graft_cli.discovery", "graft_cli.memory", "datastores"]),
+    ("core", ["graft_cli.core", "datastores"]),
     ("catalog", ["graft_cli.catalog"]),
     ("model", ["graft_cli.runtime", "graft_cli.heads"]),
     ("policy", ["graft_cli.drafting", "plugins"]),
-    ("method configuration", ["graft_cli.method_config", "graft_cli.methods"]),
-    ("application", ["graft_cli.api", "graft_cli.server", "graft_cli.bench", "graft_cli.plots", "graft_cli.synthetic"]),
-    ("cli", ["graft_cli.cli", "graft_cli.cli_", "graft_cli.__main__", "graft_cli.prefill_bar", "graft_cli.build_progress",
-             "graft_cli"]),
+    ("method configuration", ["graft_cli.method"]),
+    ("application", ["graft_cli.api", "graft_cli.server", "graft_cli.bench"]),
+    ("cli", ["graft_cli.cli", "graft_cli.__main__", "graft_cli"]),
 ]
 PUBLIC = {"graft_cli.core", "graft_cli.drafting", "graft_cli.runtime", "graft_cli.heads", "graft_cli.catalog"}
 # the command line puts its imports off until a command runs (`graft --help` must not load torch); elsewhere an
@@ -137,7 +136,7 @@ before = dict(os.environ)
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 registries = (sorted(AttentionInterface._global_mapping), sorted(AttentionMaskInterface._global_mapping))
-import graft_cli, graft_cli.core, graft_cli.runtime, graft_cli.drafting, graft_cli.methods, graft_cli.heads
+import graft_cli, graft_cli.core, graft_cli.runtime, graft_cli.drafting, graft_cli.method.builder, graft_cli.heads
 import plugins.prompt_lookup, plugins.draft_model, plugins.eagle3
 after = (sorted(AttentionInterface._global_mapping), sorted(AttentionMaskInterface._global_mapping))
 print(json.dumps({"environ": dict(os.environ) == before, "registries": registries == after}))

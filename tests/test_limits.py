@@ -14,11 +14,11 @@ from transformers import Gemma2Config, Gemma3TextConfig, MistralConfig, Qwen2Con
 from graft_cli.runtime.engine import decode
 from graft_cli.core import GraftError
 from graft_cli.drafting.proposer import GraftProposer
-from graft_cli.method_config import tree_reach
+from graft_cli.method.config import tree_reach
 from graft_cli.runtime.limits import Limits, limits
-from graft_cli.methods import MethodConfig
+from graft_cli.method.builder import MethodConfig
 from graft_cli.runtime.sampling import Sampling
-from graft_cli.synthetic import VOCAB, OracleTreeProposer, save_model_dir, tiny_model, word_tokenizer
+from graft_cli.bench.synthetic import VOCAB, OracleTreeProposer, save_model_dir, tiny_model, word_tokenizer
 from graft_cli.runtime.target import Target
 from tests.test_cli import run_main
 

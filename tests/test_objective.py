@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from graft_cli.core import DraftSettings, GraftError, PruneSchedule, Stats
-from graft_cli import methods
+from graft_cli.method import builder as methods
 from graft_cli.drafting.budget import LatencyModel
 from plugins.draft_model import DraftModelDrafter
 from graft_cli.heads import load_head
 from plugins.eagle3 import Eagle3Drafter
 from graft_cli.runtime.engine import decode
 from graft_cli.drafting import CostAwareProposer, GraftProposer
-from graft_cli.methods import MethodConfig
+from graft_cli.method.builder import MethodConfig
 from graft_cli.drafting.objective import EVIDENCE, EXPLORE, HORIZON, TRIAL, Objective
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target

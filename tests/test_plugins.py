@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from graft_cli import discovery
+from graft_cli.core import discovery
 from graft_cli.runtime.engine import decode
 from graft_cli.drafting.proposer import GraftProposer
 from graft_cli.runtime.sampling import Sampling

@@ -14,11 +14,11 @@ from datastores.responses import read_responses, write_responses
 from datastores.suffix_array import SEP
 from graft_cli.core import GraftError, RetrieverEnv, Stats, Step, Tree
 from graft_cli.drafting.proposer import GraftProposer
-from graft_cli.method_config import MethodConfig, with_response_cache
+from graft_cli.method.config import MethodConfig, with_response_cache
 from graft_cli.runtime.engine import decode
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
-from graft_cli.synthetic import word_tokenizer
+from graft_cli.bench.synthetic import word_tokenizer
 from plugins.prompt_lookup import PromptLookup
 from plugins.response_index import ResponseIndex, lookup
 from plugins.responses import make

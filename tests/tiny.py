@@ -1,10 +1,10 @@
-"""The tiny models and test proposers the engine tests use; they live in graft_cli/synthetic.py so that
+"""The tiny models and test proposers the engine tests use; they live in graft_cli/bench/synthetic.py so that
 benchmarks/gpu_check.py builds the same ones without importing from tests/."""
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from graft_cli.synthetic import VOCAB, OracleTreeProposer, StaticProposer, tiny_model
+from graft_cli.bench.synthetic import VOCAB, OracleTreeProposer, StaticProposer, tiny_model
 
 __all__ = ["VOCAB", "OracleTreeProposer", "StaticProposer", "tiny_model", "tiny_smollm2"]
 

@@ -13,7 +13,7 @@ from graft_cli.bench.models import Models
 from graft_cli.bench.options import BenchOptions
 from graft_cli.bench.plan import MethodSpec, uses_draft
 from graft_cli.bench.provenance import Provenance
-from graft_cli.method_config import drafting_for
+from graft_cli.method.config import drafting_for
 from graft_cli.runtime.fixed_target import use_graphs
 
 

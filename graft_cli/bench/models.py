@@ -11,7 +11,7 @@ from graft_cli.bench.options import BenchOptions
 from graft_cli.bench.plan import MethodSpec
 from graft_cli.bench.runners import HF_PLD_TOKENS, Columns, build_runners, shared_models, weights_dtype
 from graft_cli.bench.workload import Workload
-from graft_cli.method_config import DEFAULT_KIND, tree_reach
+from graft_cli.method.config import DEFAULT_KIND, tree_reach
 from graft_cli.runtime import loading
 
 

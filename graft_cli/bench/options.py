@@ -1,4 +1,4 @@
-"""What one ``graft bench`` is asked to do: its options as the command line parsed them (graft_cli/cli_bench.py),
+"""What one ``graft bench`` is asked to do: its options as the command line parsed them (graft_cli/cli/bench.py),
 kept apart from the run so that every phase of it reads the same settings."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from graft_cli.bench.plan import MethodSpec, Variant, method_config
-from graft_cli.method_config import MethodConfig
+from graft_cli.method.config import MethodConfig
 
 
 class Shard(NamedTuple):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
 
 from graft_cli.core import DraftSettings, GraftError
-from graft_cli.method_config import TAKES_DRAFT, MethodConfig
+from graft_cli.method.config import TAKES_DRAFT, MethodConfig
 
 PEERS = ("hf", "hf-pld", "hf-assisted")
 

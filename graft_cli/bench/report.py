@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from graft_cli import plots
+from graft_cli.bench import plots
 from graft_cli.bench.answers import write_answers
 from graft_cli.bench.prepare import Prepared
 from graft_cli.bench.progress import Outcome

@@ -11,12 +11,12 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-from graft_cli import methods
+from graft_cli.method import builder as methods
 from graft_cli.bench.options import BenchOptions
 from graft_cli.bench.plan import MethodSpec
 from graft_cli.core import GraftError, Proposer, Stats, device_kind
 from graft_cli.drafting import match_target
-from graft_cli.method_config import MethodConfig
+from graft_cli.method.config import MethodConfig
 from graft_cli.runtime import loading
 from graft_cli.runtime.attention_kernels import GroupedQueryAttention
 from graft_cli.runtime.engine import decode

@@ -11,7 +11,7 @@ from graft_cli.bench.options import BenchOptions
 from graft_cli.bench.plan import MethodSpec, expand_methods, plan_methods
 from graft_cli.bench.runs import runs_files
 from graft_cli.core import GraftError
-from graft_cli.method_config import METHODS, parse_draft
+from graft_cli.method.config import METHODS, parse_draft
 
 
 @dataclass

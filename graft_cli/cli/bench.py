@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from graft_cli.catalog.entries import DEFAULT_MODEL
-from graft_cli.cli_options import (
+from graft_cli.cli.options import (
     Budget, Datastore, Device, DeviceMap, Draft, Dtype, Graphs, MaxNewTokens, Model, RetrieverOpt, Truncate,
     retriever_options,
 )
@@ -52,7 +52,7 @@ def bench(
     """Benchmark every method side by side: speedup and tau per category, lossless check, Spec-Bench answer files."""
     from graft_cli.bench.command import run_bench
     from graft_cli.bench.options import BenchOptions
-    from graft_cli.method_config import parse_budget
+    from graft_cli.method.config import parse_budget
     from graft_cli.runtime.limits import parse_truncate
     from graft_cli.runtime.loading import parse_device_map
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from datastores import DatastoreError, read_store, resolve_store
-from graft_cli import discovery
+from graft_cli.core import discovery
 from graft_cli.catalog import graft_home
 from graft_cli.core import defaults_for, Drafter, DrafterEnv, GraftError, Retriever, RetrieverEnv
 from graft_cli.drafting import AutoBudget, CostAwareProposer, GraftProposer, LatencyModel, Objective, cap, latency_model
-from graft_cli.method_config import (
+from graft_cli.method.config import (
     MethodConfig, budget_for, check, drafting_for, parse_draft, retrievers_for, tree_mode,
 )
 from graft_cli.runtime.loading import Loaded

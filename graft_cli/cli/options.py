@@ -15,7 +15,7 @@ from graft_cli.core.defaults import CPU, CUDA, MAX_LEVELS, both
 from graft_cli.core.env import DraftSettings, Options
 from graft_cli.core.errors import GraftError
 from graft_cli.core.prune import DEFAULT_SCHEDULE
-from graft_cli.method_config import ALIAS_HELP, MethodConfig, parse_budget
+from graft_cli.method.config import ALIAS_HELP, MethodConfig, parse_budget
 
 MODEL, SPECULATION, DEVICE, OUTPUT = "Model", "Speculation", "Device", "Output"
 

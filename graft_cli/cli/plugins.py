@@ -15,7 +15,7 @@ def list_(as_json: bool = typer.Option(False, "--json", help="One JSON object pe
     from rich.console import Console
     from rich.table import Table
 
-    from graft_cli.discovery import DRAFTERS, KIND, RETRIEVERS, discover, load_factory
+    from graft_cli.core.discovery import DRAFTERS, KIND, RETRIEVERS, discover, load_factory
 
     rows = []
     for group in (RETRIEVERS, DRAFTERS):

@@ -1,5 +1,5 @@
 """What `graft index` prints on stdout: a build's summary, a store's description, a query's retrieval, the list of
-stores; each as text for people or as JSON for scripts. Apart from the commands (graft_cli/cli_index.py), which
+stores; each as text for people or as JSON for scripts. Apart from the commands (graft_cli/cli/index.py), which
 check the options and run the datastore code."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from graft_cli.build_progress import short_count
+from graft_cli.cli.build_progress import short_count
 
 if TYPE_CHECKING:
     from rich.console import Console

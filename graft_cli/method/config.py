@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from graft_cli import discovery
+from graft_cli.core import discovery
 from graft_cli.core.defaults import MAX_LEVELS
 from graft_cli.core import defaults_for, DEFAULT_SCHEDULE, DraftSettings, GraftError, Options, PruneSchedule
 

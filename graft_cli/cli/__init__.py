@@ -1,4 +1,4 @@
-"""The ``graft`` command tree. Each command group lives in its own ``cli_*.py`` module; this one wires them up
+"""The ``graft`` command tree. Each command group lives in its own module of this package; this one wires them up
 and turns every user error into one line on stderr with exit code 2 (``GRAFT_DEBUG=1`` shows the traceback).
 
 The command modules import their work inside the command functions, the one place in graft where imports wait:
@@ -18,17 +18,17 @@ try:  # typer >= 0.20 carries its own copy of click
 except ImportError:  # pragma: no cover - older typer on plain click
     from click import exceptions as cx
 
-from graft_cli.cli_bench import bench
-from graft_cli.cli_generate import generate
-from graft_cli.cli_heads import heads_app
-from graft_cli.cli_index import index_app
-from graft_cli.cli_models import models_app
-from graft_cli.cli_plugins import plugins_app
-from graft_cli.cli_responses import responses_app
-from graft_cli.cli_serve import serve
+from graft_cli.cli.bench import bench
+from graft_cli.cli.generate import generate
+from graft_cli.cli.heads import heads_app
+from graft_cli.cli.index import index_app
+from graft_cli.cli.models import models_app
+from graft_cli.cli.plugins import plugins_app
+from graft_cli.cli.responses import responses_app
+from graft_cli.cli.serve import serve
 from graft_cli.core import GraftError
 from graft_cli.core.version import __version__
-from graft_cli.memory import reuse_freed_memory
+from graft_cli.core.memory import reuse_freed_memory
 
 app = typer.Typer(
     name="graft",
@@ -80,7 +80,7 @@ def _sweep() -> None:
 def _process_settings() -> None:
     """What a graft command sets for its own process, and a program that imports graft does not get: transformers'
     own warnings stay off stderr (unless the user set TRANSFORMERS_VERBOSITY), and freed memory is kept for the next
-    step (graft_cli/memory.py). The network is reached only to fetch a model or head the user named."""
+    step (graft_cli/core/memory.py). The network is reached only to fetch a model or head the user named."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     reuse_freed_memory()
 

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from graft_cli.catalog.entries import DEFAULT_MODEL
-from graft_cli.cli_options import (
+from graft_cli.cli.options import (
     AdjacencyFile, Budget, Chain, Datastore, Depth, Device, DeviceMap, Draft, DraftAhead, DraftTopK, DraftVocab,
     DraftWeights, DraftWindow, Dtype, Graphs, MaxNewTokens, Method, Model, PrefillChunk, PruneAt, RetrieverOpt,
     Retrievers, RopeTheta, TreeShape, Truncate, method_config,
@@ -53,7 +53,7 @@ def serve(
 ) -> None:
     """Serve the model over the OpenAI API: chat and text completions, streamed or whole."""
     from graft_cli.api import open_generator
-    from graft_cli.method_config import with_response_cache
+    from graft_cli.method.config import with_response_cache
     from graft_cli.server.app import Service, serve as run_server
 
     config = method_config(locals())

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from graft_cli.catalog.entries import DEFAULT_MODEL
-from graft_cli.cli_options import (
+from graft_cli.cli.options import (
     AdjacencyFile, Budget, Chain, Datastore, Depth, Device, DeviceMap, Draft, DraftAhead, DraftTopK, DraftVocab,
     DraftWeights, DraftWindow, Dtype, Graphs, MaxNewTokens, Method, Model, PrefillChunk, PruneAt, RetrieverOpt,
     Retrievers, RopeTheta, TreeShape, Truncate, method_config,
@@ -66,8 +66,8 @@ def generate(
 ) -> None:
     """Generate text from a prompt, losslessly faster."""
     from graft_cli.api import open_generator
-    from graft_cli.method_config import with_response_cache
-    from graft_cli.prefill_bar import PrefillBar
+    from graft_cli.method.config import with_response_cache
+    from graft_cli.cli.prefill_bar import PrefillBar
 
     given = [x for x in (text, prompt, prompt_file) if x is not None]
     if len(given) > 1:
@@ -178,4 +178,4 @@ def _prompt_of(record) -> str | list[dict]:
     messages = record["messages"]
     if not isinstance(messages, list) or not messages:
         raise GraftError('"messages" must be a non-empty list')
-    return messages  # each message is checked where every caller's are (graft_cli/api.py)
+    return messages  # each message is checked where every caller's are (graft_cli/api/text.py)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
-from graft_cli.core import GraftError
+from graft_cli.core.errors import GraftError
 
 RETRIEVERS = "graft.retrievers"
 DRAFTERS = "graft.drafters"

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 from datastores import build_store
 from graft_cli.heads import HeadConfig, expected_shapes
 from graft_cli.core import DraftSettings, ROOT, Tree
-from graft_cli.method_config import MethodConfig
+from graft_cli.method.config import MethodConfig
 
 VOCAB = 97
 

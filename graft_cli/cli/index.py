@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Iterator, List, Optional
 
 import typer
 
-from graft_cli.build_progress import BuildProgress
+from graft_cli.cli.build_progress import BuildProgress
 from graft_cli.catalog.entries import DEFAULT_MODEL
 from graft_cli.core import GraftError
-from graft_cli.index_report import (
+from graft_cli.cli.index_report import (
     QueryRun,
     build_report,
     human_size,

@@ -107,7 +107,7 @@ def ship(
 
     out_dir = ship_head(Path(run).expanduser(), Path(out).expanduser(), command)
     if plot:
-        from graft_cli.plots import training_curves
+        from graft_cli.bench.plots import training_curves
 
         training_curves(json.loads((out_dir / "training.json").read_text()), Path(plot).expanduser())
     typer.echo(str(out_dir))

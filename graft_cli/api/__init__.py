@@ -1,0 +1,63 @@
+"""graft as a library: a model and a method loaded once, then generations with the command line's guarantees.
+
+    import graft_cli
+    g = graft_cli.load("smollm2-135m-instruct", method="graft", datastores=["corpus"])
+    c = g.generate("Explain KV caches in two sentences.", max_new_tokens=128)   # or messages=[...]
+    c.text, c.token_ids, c.stats
+    for piece in g.stream("...", temperature=0.7, seed=1):
+        print(piece.text, end="")
+
+``graft generate`` runs through this package too, so a library call and the command give the same text for the
+same settings (greedy, or sampled with the same seed), whatever the method. docs/api.md is the manual.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from graft_cli.api.generator import Completion, Generator, Piece, Request, Stream
+from graft_cli.catalog.entries import DEFAULT_MODEL
+from graft_cli.core import DraftSettings, GraftError, Options
+from graft_cli.method import builder as methods
+from graft_cli.method.config import MethodConfig, parse_budget
+from graft_cli.runtime.fixed_target import use_graphs
+from graft_cli.runtime.loading import load_model, parse_device_map
+from graft_cli.runtime.target import Progress
+
+__all__ = ["Completion", "Generator", "Piece", "Request", "Stream", "load", "open_generator"]
+
+
+def open_generator(model: str, config: MethodConfig, device: str = "auto", dtype: str = "auto",
+                   device_map: str | dict | None = None, prefill_chunk: int = 512,
+                   progress: Progress | None = None, graphs: str = "auto") -> Generator:
+    """A Generator for a method configuration: the configuration and its datastore checked before the model loads
+    (a wrong flag should not cost seconds). ``graphs``: auto, on or off (``--graphs``: the fixed-shape path)."""
+    methods.check(config)
+    methods.check_datastore(config)
+    use_graphs(graphs, "cpu")  # a bad value fails here, before the model loads
+    loaded = load_model(model, device, dtype, parse_device_map(device_map))
+    return Generator(loaded, config, prefill_chunk, progress, graphs)
+
+
+def load(model: str = DEFAULT_MODEL, *, method: str = "graft", draft: str | None = None,
+         datastores: Sequence[str] = (), retrievers: Sequence[str] | None = None,
+         retriever_options: dict[str, str] | None = None, budget: int | str | None = None, tree: str | None = None,
+         device: str = "auto", dtype: str = "auto", device_map: str | dict | None = None, prefill_chunk: int = 512,
+         adjacency_file: str | None = None, graphs: str = "auto", **drafting: Any) -> Generator:
+    """A model (catalog name, path, or hub id) and a method, ready to generate. ``drafting``: any
+    :class:`~graft_cli.core.DraftSettings` field (``depth``, ``draft_top_k``, ``prune_at``, ``chain``, ...).
+    ``graphs``: ``on`` verifies at fixed shapes, captured as CUDA graphs on a GPU; ``auto``: on CUDA only."""
+    options = Options(retriever_options or {})
+    if len(datastores) > 1:
+        raise GraftError("a Generator retrieves from one datastore (give one in datastores)")
+    if datastores:
+        options["datastore"] = str(datastores[0])
+    if adjacency_file is not None:
+        options["adjacency_file"] = str(adjacency_file)
+    try:
+        settings = DraftSettings(**drafting)
+    except TypeError as e:
+        raise GraftError(f"load(): {e}") from None
+    config = MethodConfig(method, parse_budget(budget), list(retrievers) if retrievers is not None else None,
+                          options, draft, settings, tree=tree)
+    return open_generator(model, config, device, dtype, device_map, prefill_chunk, graphs=graphs)

@@ -159,7 +159,7 @@ def head_drafter(model: torch.nn.Module, head: Eagle3Head, fixed: bool, past: in
     hidden = [torch.randn((past, width), device=device, dtype=head.dtype) for _ in range(drafter.num_states)]
     prompt = [i % model.config.vocab_size for i in range(past)]
     drafter.start(prompt, Step(prompt + [1], [1], Tree(), list(range(past)), None, hidden), past + 4096)
-    drafter.draft(prompt + [1], 60, Stats())  # the prompt read: every later draft feeds one row first
+    drafter.draft(prompt + [1], 60)  # the prompt read: every later draft feeds one row first
     drafter.observe(Step(prompt + [1, 2], [2], Tree(), [0], None, [h[:1] for h in hidden]))
     return drafter
 
@@ -176,7 +176,7 @@ def check_head(table, model: torch.nn.Module, device: str, past: int, repeats: i
 
         def draft() -> None:
             drafter.pending_features, drafter.pending_tokens = list(features), [3]
-            drafter.draft(context, 60, Stats())
+            drafter.draft(context, 60)
             drafter._drop_tree([])
 
         whole = timed(draft, sync, repeats)

@@ -26,12 +26,12 @@ import numpy as np
 import torch
 
 from datastores.atomic import atomic_file
-from graft_cli.core import RetrieverEnv, Step, Tree
+from graft_cli.core import RetrieverDefaults, RetrieverEnv, Step, Tree
 
 DEFAULT_TEMPLATE = (8, 10, 8, 6, 5, 4, 4, 4, 3)  # nodes per depth: 52 nodes, depth 9
 
 
-class AdjacencyRetriever:
+class AdjacencyRetriever(RetrieverDefaults):
     name = "recycling"
     stateless = True  # a lookup reads only the last token: safe on speculative contexts
     calibrated = False  # its scores are the target's probabilities; the proposer corrects them

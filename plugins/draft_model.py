@@ -35,16 +35,15 @@ from __future__ import annotations
 
 import sys
 from functools import partial
-from time import perf_counter
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-from graft_cli.core import defaults_for, DrafterEnv, GraftError, PruneSchedule, Step
+from graft_cli.core import defaults_for, DrafterEnv, GraftError, Outcome, PruneSchedule, Step
 from graft_cli.drafting import FixedLevels, TreeDrafter, model_catch_up, model_level, positions
 from graft_cli.runtime import (
-    Capture, CpuLinear, HalfLinear, Outcome, Target, half_available, half_copy, loading, on, to_half, token_ranking,
+    Capture, CpuLinear, HalfLinear, Target, half_available, half_copy, loading, on, to_half, token_ranking,
     use_cpu_linears,
 )
 
@@ -187,7 +186,7 @@ SINK = 4  # leading prompt tokens a windowed draft keeps
 
 
 class DraftModelDrafter(TreeDrafter):
-    """``ahead``: on the fixed-shape path, draft before the step's read (one read a step) instead of after it. Off
+    """``before_read``: on the fixed-shape path, draft before the step's read (one read a step) instead of after it. Off
     by default: after the read the draft model checks the step's retrieved chain exactly, in its first forward,
     and continues past it, which a draft queued ahead cannot (the chain needs the tokens the read brings). On the
     default model drafting for itself (``host_overhead.py --drafter model --fixed-shapes``) the check kept τ at
@@ -195,9 +194,9 @@ class DraftModelDrafter(TreeDrafter):
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, depth: int = 6, top_k: int = 4,
                  prune: PruneSchedule | None = None, chain: bool = False, vocab: torch.Tensor | None = None,
-                 window: int = 0, ahead: bool = False) -> None:
+                 window: int = 0, before_read: bool = False) -> None:
         super().__init__(depth, top_k, prune, chain)
-        self.ahead = ahead
+        self.before_read = before_read
         self.window = window  # prompt tokens the draft reads at most (0: all)
         self.skipped = 0  # context tokens after the sink that the draft never read: its row r >= SINK is r + skipped
         self.cache = DraftCache(model, vocab)
@@ -245,12 +244,12 @@ class DraftModelDrafter(TreeDrafter):
         self.catch_up_s = 0.0
         if self.joined:
             return
-        t0 = perf_counter()
+        t0 = self.recorder.clock()
         ids = list(context[:-1])
         ids = ids[:SINK] + ids[SINK + self.skipped :] if self.skipped else ids
         self.cache.prefill(ids, capacity=self.capacity - self.skipped, kept=self.kept)
         self.read = () if self.skipped else context  # a window's rows are not its context's positions
-        self.joined, self.catch_up_s = True, perf_counter() - t0
+        self.joined, self.catch_up_s = True, self.recorder.clock() - t0
 
     def _logp(self, logits: torch.Tensor) -> torch.Tensor:
         if logits.shape[-1] != self.vocab_size:  # an LM head padded wider than the vocabulary
@@ -285,7 +284,7 @@ class DraftModelDrafter(TreeDrafter):
         self.root_position = end - 1
         return self._logp(logits)
 
-    def _root_ahead(self, outcome: Outcome, context: Sequence[int], budget: int) -> tuple[torch.Tensor, Any] | None:
+    def _root_queued(self, outcome: Outcome, context: Sequence[int], budget: int) -> tuple[torch.Tensor, Any] | None:
         """A step's accepted tokens fed before its read, when it drafts: first the request's prompt where the
         draft joins now, and any token of ``context`` it has not read (a step it sat out). Not at the prefill:
         whether to join is decided on a step's retrieval."""
@@ -352,4 +351,4 @@ def make(env: DrafterEnv) -> DraftModelDrafter:
     kept = draft_vocab(target.tokenizer, size, default_vocab(settings.draft_vocab, ranking, target.device), ranking)
     return DraftModelDrafter(model, size, depth=settings.depth, top_k=settings.draft_top_k, prune=env.prune,
                              chain=settings.chain, vocab=kept, window=settings.draft_window or 0,
-                             ahead=bool(settings.draft_ahead))
+                             before_read=bool(settings.draft_ahead)).following(env)

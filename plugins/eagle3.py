@@ -12,21 +12,20 @@ from typing import Any, Sequence
 
 import torch
 
-from graft_cli.core import DrafterEnv, GraftError, PruneSchedule, Step
+from graft_cli.core import DrafterEnv, GraftError, Needs, Outcome, PruneSchedule, Step
 from graft_cli.drafting import FixedLevels, TreeDrafter, head_catch_up, head_level, kernels_outside, positions
 from graft_cli.heads import Eagle3Head, head_layers, load_head
-from graft_cli.runtime import Capture, Outcome
+from graft_cli.runtime import Capture
 
 
 class Eagle3Drafter(TreeDrafter):
-    wants_hidden = True
-
     def __init__(self, head: Eagle3Head, target: torch.nn.Module, depth: int = 6, top_k: int = 4,
                  prune: PruneSchedule | None = None, chain: bool = False) -> None:
         super().__init__(depth, top_k, prune, chain)
         self.head = head
-        # the target layers it reads; as feature_layers, a fixed-shape target gathers them for the accepted rows
-        self.layers = self.feature_layers = head_layers(head.cfg, target.config.num_hidden_layers)
+        # the target layers it reads: a fixed-shape target gathers them for the accepted rows (Step.features)
+        self.layers = head_layers(head.cfg, target.config.num_hidden_layers)
+        self.needs = Needs(hidden=True, layers=self.layers)
         self.num_states = target.config.num_hidden_layers + 1
         self.pending_features: list[torch.Tensor] = []  # [n, 3·Ht] target features of pairs not yet fed
         self.pending_tokens: list[int] | torch.Tensor = []  # ... their tokens (on the device: the prefill's, ahead)
@@ -40,7 +39,7 @@ class Eagle3Drafter(TreeDrafter):
         return torch.cat([hidden[i].index_select(0, index) for i in self.layers], dim=-1)
 
     def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
-        fed = self.ahead_of == "start"  # the prompt was fed before the prefill's read (_root_ahead)
+        fed = self.queued_at == "start"  # the prompt was fed before the prefill's read (_root_queued)
         super().start(prompt, prefill, capacity)
         if fed:
             return
@@ -52,7 +51,7 @@ class Eagle3Drafter(TreeDrafter):
         self.pending_tokens = [*list(prompt)[1:], *prefill.accepted[:1]]
 
     def observe(self, step: Step) -> None:
-        fed = self.ahead_of == "step"  # its pairs were fed on the device before the read (_count_fed)
+        fed = self.queued_at == "step"  # its pairs were fed on the device before the read (_count_fed)
         super().observe(step)
         if fed:
             return
@@ -85,7 +84,7 @@ class Eagle3Drafter(TreeDrafter):
         self.next_position = past + n  # where the root's children sit
         return head.logp(out[-1]), out[-1:]
 
-    def _root_ahead(self, outcome: Outcome, context: Sequence[int], budget: int) -> tuple[torch.Tensor, Any] | None:
+    def _root_queued(self, outcome: Outcome, context: Sequence[int], budget: int) -> tuple[torch.Tensor, Any] | None:
         """The prefill's prompt rows fed as :meth:`start` feeds them, the last token still on the device; a step's
         accepted pairs at a fixed shape, where they begin known and how many of them not (:meth:`_catch_up`).
         Fed with or without a draft: they are on the device now, and on the host only as a copy."""
@@ -152,4 +151,4 @@ def make(env: DrafterEnv) -> Eagle3Drafter:
     settings = env.settings
     head = load_head(env.spec, env.target.model, settings.rope_theta)
     return Eagle3Drafter(head, env.target.model, depth=settings.depth, top_k=settings.draft_top_k, prune=env.prune,
-                         chain=settings.chain)
+                         chain=settings.chain).following(env)

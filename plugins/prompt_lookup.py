@@ -16,12 +16,12 @@ from typing import Sequence
 import numpy as np
 
 from datastores.suffix_array import SEP, continuation_trie
-from graft_cli.core import RetrieverEnv, Step, Tree
+from graft_cli.core import RetrieverDefaults, RetrieverEnv, Step, Tree
 from plugins.calibration import LookupCalibration, match_group
 from plugins.store import to_tree
 
 
-class PromptLookup:
+class PromptLookup(RetrieverDefaults):
     name = "prompt"
     stateless = False  # its index is of the real context
     calibrated = True  # by LookupCalibration, per matched length

@@ -9,12 +9,13 @@ import pytest
 import torch
 
 import dataclasses
+import time
 
-from graft_cli.method.config import parse_budget
+from graft_cli.method.config import MethodConfig, parse_budget, tree_budget
 from graft_cli.core.defaults import CPU, DEVICES
 from graft_cli.drafting import profile
 from graft_cli.drafting.budget import LatencyModel
-from graft_cli.core import GraftError, ROOT, Stats, Tree
+from graft_cli.core import GraftError, Needs, Recorder, ROOT, Stats, Tree
 from tests.bench_fixtures import run_cli, tiny_dir  # noqa: F401 - tiny_dir: the fixture
 
 
@@ -28,16 +29,17 @@ def test_parse_budget():
 
 
 class _Inner:
-    wants_hidden = False
+    needs = Needs()
 
-    def __init__(self, scores):
+    def __init__(self, scores, clock=time.perf_counter):
         self.scores = scores
         self.observed = []
+        self.recorder = Recorder(clock)
 
     def start(self, prompt, prefill, capacity):
         pass
 
-    def propose(self, context, stats):
+    def propose(self, context):
         tree = Tree()
         parent = ROOT
         for i, s in enumerate(self.scores):  # a chain with falling path scores
@@ -53,32 +55,31 @@ def test_auto_budget_keeps_the_best_rate_prefix_and_reports_it():
     inner = _Inner([0.9, 0.8, 0.7, 0.1, 0.05, 0.01])
     auto = profile.AutoBudget(inner, latency)
     stats = Stats()
-    tree = auto.propose([1, 2], stats)
+    auto.recorder.begin(stats)
+    tree = auto.propose([1, 2])
     assert latency.best_count(0, 0.0, inner.scores) == 3 == len(tree)
     assert [n.token for n in tree.nodes] == [10, 11, 12]
     assert auto.chosen == [3]
-    if hasattr(stats, "budgets"):
-        assert stats.budgets == [3]
+    assert stats.budgets == [3]
 
 
 def test_auto_budget_counts_the_drafting_already_spent():
     """A step that already spent a second drafting gains more from a wider tree: keep more nodes."""
     latency = LatencyModel({1: 0.4, 2: 0.5, 4: 0.8, 8: 1.6, 16: 3.2})
-    inner = _Inner([0.9, 0.8, 0.6, 0.4, 0.3, 0.2, 0.1])
-    ticks = iter([0.0, 0.0])
-    free = profile.AutoBudget(inner, latency, clock=lambda: next(ticks))
-    ticks_slow = iter([0.0, 1.0])
-    slow = profile.AutoBudget(inner, latency, clock=lambda: next(ticks_slow))
-    assert len(free.propose([1], Stats())) < len(slow.propose([1], Stats()))
-    assert slow.chosen == [latency.best_count(0, 0.0, inner.scores, overhead=1.0)]
+    scores = [0.9, 0.8, 0.6, 0.4, 0.3, 0.2, 0.1]
+    ticks, ticks_slow = iter([0.0, 0.0]), iter([0.0, 1.0])  # the clock the inner proposer was handed
+    free = profile.AutoBudget(_Inner(scores, lambda: next(ticks)), latency)
+    slow = profile.AutoBudget(_Inner(scores, lambda: next(ticks_slow)), latency)
+    assert len(free.propose([1])) < len(slow.propose([1]))
+    assert slow.chosen == [latency.best_count(0, 0.0, scores, overhead=1.0)]
 
 
 def test_auto_budget_follows_the_cost_curve():
     inner = _Inner([0.9] * 20)
     flat = profile.AutoBudget(inner, LatencyModel({1: 1.0, 32: 1.01}))  # a GPU: width is nearly free
     steep = profile.AutoBudget(inner, LatencyModel({1: 1.0, 2: 2.0, 32: 32.0}))  # every node costs a forward
-    assert len(flat.propose([1], Stats())) == 20
-    assert len(steep.propose([1], Stats())) == 0
+    assert len(flat.propose([1])) == 20
+    assert len(steep.propose([1])) == 0
 
 
 def test_a_long_context_makes_every_extra_node_dearer():
@@ -121,7 +122,7 @@ def test_profile_is_measured_once_and_cached(tiny_dir, tmp_path, monkeypatch):
 
     monkeypatch.setattr(profile, "measure", boom)
     assert profile.latency_model(loaded).points == latency.points  # from the cache
-    assert profile.cap(latency) == 7
+    assert tree_budget(MethodConfig(budget="auto"), "cpu", max(latency.points)) == 7
     with pytest.raises(AssertionError):
         profile.latency_model(loaded, refresh=True)
 

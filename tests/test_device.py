@@ -25,6 +25,7 @@ from plugins.draft_model import DraftModelDrafter
 from graft_cli.heads import load_head
 from plugins.eagle3 import Eagle3Drafter
 from graft_cli.runtime.engine import decode
+from graft_cli.runtime.fixed_target import drafter_shapes
 from graft_cli.drafting.proposer import GraftProposer
 from graft_cli.drafting import CostAwareProposer, LatencyModel, Objective
 from graft_cli.core import PruneSchedule
@@ -134,6 +135,14 @@ def decode_reading(target, proposer, prompt: list[int], sampling: Sampling, n: i
     return got, np.diff(reads).tolist()
 
 
+def following(proposer, target):
+    """``proposer`` with its drafter's levels on ``target``'s fixed shapes, as the method builder makes them."""
+    shapes = drafter_shapes(target)
+    if shapes is not None:
+        proposer.drafter.fix_levels(shapes.capture)
+    return proposer
+
+
 def draft_model_proposer(method: str, budget: int, depth: int = 5, top_k: int = 3,
                          objective: Objective | None = None) -> GraftProposer:
     prune = None if method == "dense" else PruneSchedule.parse("0:0.3,1:0.2,3:0.1", floor=0.02)
@@ -156,9 +165,9 @@ def drafts_under_discipline(target, proposer: GraftProposer, tokens: int = 30) -
     drafter = proposer.drafter
     inner = drafter.draft
 
-    def draft(context, budget, stats, *args, **kwargs):
+    def draft(context, budget, *args, **kwargs):
         before = mode.reads
-        tree = inner(context, budget, stats, *args, **kwargs)
+        tree = inner(context, budget, *args, **kwargs)
         per_draft.append((mode.reads - before, drafter.levels))
         return tree
 

@@ -6,14 +6,16 @@ drafts the eager path makes after the read, its tokens the eager path's, and eve
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
-from graft_cli.core import Stats, Step, Tree
-from graft_cli.drafting import CostAwareProposer, LatencyModel, Objective, match_target
+from graft_cli.core import Step, Tree
+from graft_cli.drafting import AutoBudget, CostAwareProposer, LatencyModel, Objective
 from graft_cli.heads import load_head
 from graft_cli.runtime.engine import decode
-from graft_cli.runtime.fixed_target import FixedShapeTarget
+from graft_cli.runtime.fixed_target import FixedShapeTarget, drafter_shapes
 from graft_cli.runtime.graphs import CudaCapture
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
@@ -51,13 +53,18 @@ def objective(always: bool) -> Objective:
     return made
 
 
-def proposer(model_and_head, retrievers=(), always: bool = False, drafter: str = "head") -> CostAwareProposer:
-    """The cost-aware builder over a random head, or over a tiny draft model."""
+def proposer(model_and_head, retrievers=(), always: bool = False, drafter: str = "head",
+             target: Target | None = None) -> CostAwareProposer:
+    """The cost-aware builder over a random head, or over a tiny draft model (its levels on ``target``'s fixed
+    shapes when it has them)."""
     model, head = model_and_head
     if drafter == "head":
         made = Eagle3Drafter(load_head(head, model), model, depth=5, top_k=3)
     else:
-        made = DraftModelDrafter(tiny_model("llama", seed=1), VOCAB, depth=5, top_k=3, ahead=True)
+        made = DraftModelDrafter(tiny_model("llama", seed=1), VOCAB, depth=5, top_k=3, before_read=True)
+    shapes = None if target is None else drafter_shapes(target)
+    if shapes is not None:
+        made.fix_levels(shapes.capture)
     rule = objective(always)
     return CostAwareProposer(16, list(retrievers), made, rule.latency, rule)
 
@@ -65,8 +72,8 @@ def proposer(model_and_head, retrievers=(), always: bool = False, drafter: str =
 def recorded(proposer) -> list[list[tuple[int, int, float]]]:
     trees, propose = [], proposer.propose
 
-    def recording(context, stats):
-        tree = propose(context, stats)
+    def recording(context):
+        tree = propose(context)
         trees.append([(node.token, node.parent, node.score) for node in tree.nodes])
         return tree
     proposer.propose = recording
@@ -84,7 +91,7 @@ def test_the_drafts_queued_ahead_are_the_drafts_after_the_read(model_and_head, p
     eager_trees = recorded(eager)
     truth = generated(Target(model), eager, prompt, sampling)
     target = FixedShapeTarget(model)
-    ahead = match_target(proposer(model_and_head, always=True), target)
+    ahead = proposer(model_and_head, always=True, target=target)
     trees = recorded(ahead)
     assert generated(target, ahead, prompt, sampling) == truth
     assert len(trees) == len(eager_trees) and sum(map(len, trees)) > 6 * len(trees)  # levels deep
@@ -99,12 +106,12 @@ def test_a_draft_models_drafts_queued_ahead_are_its_drafts_after_the_read(model_
     keeping the 16 best nodes of all its levels)."""
     model = model_and_head[0]
     target = FixedShapeTarget(model)
-    ahead = match_target(proposer(model_and_head, always=True, drafter="model"), target)
+    ahead = proposer(model_and_head, always=True, drafter="model", target=target)
     ahead.objective.replan = lambda levels, rows: 16
     drafts, draft = [], ahead.drafter.draft
 
-    def recording(context, budget, stats, chain=(), rule=None):
-        tree = draft(context, budget, stats, chain, rule)
+    def recording(context, budget, chain=(), rule=None):
+        tree = draft(context, budget, chain, rule)
         drafts.append((list(context), [(node.token, node.parent, node.score) for node in tree.nodes]))
         return tree
     ahead.drafter.draft = recording
@@ -116,7 +123,7 @@ def test_a_draft_models_drafts_queued_ahead_are_its_drafts_after_the_read(model_
         fresh.start(prompt, Step(list(prompt), [], Tree(), []), len(context) + 64)
         rule = objective(always=True)
         rule.replan = lambda levels, rows: 16
-        eager = [(node.token, node.parent, node.score) for node in fresh.draft(context, 16, Stats(), (), rule).nodes]
+        eager = [(node.token, node.parent, node.score) for node in fresh.draft(context, 16, (), rule).nodes]
         assert [node[:2] for node in tree] == [node[:2] for node in eager]
         np.testing.assert_allclose([node[2] for node in tree], [node[2] for node in eager], rtol=1e-4)
 
@@ -129,7 +136,7 @@ def test_one_read_a_step_with_a_drafter_and_retrievers(model_and_head, prompt, s
     retrievers = lambda: [PromptLookup(), AdjacencyRetriever(VOCAB)]  # noqa: E731
     truth = generated(Target(model), proposer(model_and_head, retrievers(), drafter=drafter), prompt, sampling)
     target = FixedShapeTarget(model)
-    ahead = match_target(proposer(model_and_head, retrievers(), drafter=drafter), target)
+    ahead = proposer(model_and_head, retrievers(), drafter=drafter, target=target)
     got, reads = decode_reading(target, ahead, prompt, sampling, 60, seed=11)
     assert got == truth
     assert reads == [1] * len(reads)  # the prefill's, then each step's
@@ -143,12 +150,12 @@ def test_a_step_read_without_its_draft_falls_back_to_drafting_after_it(model_and
     model = model_and_head[0]
     truth = generated(Target(model), proposer(model_and_head, always=True), prompt, Sampling())
     target = FixedShapeTarget(model)
-    ahead = match_target(proposer(model_and_head, always=True), target)
+    ahead = proposer(model_and_head, always=True, target=target)
     step, calls = target.step, [0]
 
-    def sometimes(root, tree, hidden, position, queue=None, **rule):
+    def sometimes(context, tree, rule):
         calls[0] += 1
-        return step(root, tree, hidden, position, None if calls[0] % 3 == 0 else queue, **rule)
+        return step(context, tree, rule if calls[0] % 3 else replace(rule, needs=replace(rule.needs, queue=None)))
     target.step = sometimes
     got = generated(target, ahead, prompt, Sampling())
     assert got == truth
@@ -160,16 +167,31 @@ def test_a_step_read_without_its_draft_falls_back_to_drafting_after_it(model_and
 
 def test_a_draft_model_drafts_after_the_read_unless_asked():
     """By default a draft model keeps checking the retrieved chain exactly, which needs the step's read."""
-    default, asked = (DraftModelDrafter(tiny_model("llama", seed=1), VOCAB, ahead=ahead) for ahead in (False, True))
+    default, asked = (DraftModelDrafter(tiny_model("llama", seed=1), VOCAB, before_read=before)
+                      for before in (False, True))
     for drafter in (default, asked):
         drafter.fix_levels(None)
-    assert not default.drafts_ahead(objective(False)) and asked.drafts_ahead(objective(False))
+    assert not default.queues(objective(False)) and asked.queues(objective(False))
 
 
 def test_the_drafters_graphs_record_into_a_pool_of_their_own(model_and_head):
     """A draft queued ahead replays the drafter's graphs before the step's result is read: recorded into the
     target's pool, they could reuse the memory that result sits in."""
     target = FixedShapeTarget(model_and_head[0], capture=CudaCapture())
-    drafter = match_target(proposer(model_and_head), target).drafter
+    drafter = proposer(model_and_head, target=target).drafter
     assert isinstance(drafter.fixed.graphs.capture, CudaCapture)
     assert drafter.fixed.graphs.capture is not target.graphs.capture
+
+
+def test_the_auto_budget_drafts_ahead_as_a_fixed_budget_does(model_and_head, prompt):
+    """``--budget auto`` wraps the proposer: what the inner one needs of each step, its draft queued before the
+    read included, is what the loop sees, so it too reads the device once a step."""
+    model = model_and_head[0]
+    truth = generated(Target(model), proposer(model_and_head, always=True), prompt, Sampling())
+    target = FixedShapeTarget(model)
+    inner = proposer(model_and_head, always=True, target=target)
+    auto = AutoBudget(inner, inner.latency)
+    assert auto.needs.queue is not None and auto.needs == inner.needs
+    got, reads = decode_reading(target, auto, prompt, Sampling(), 60, seed=11)
+    assert got == truth and reads == [1] * len(reads)
+    assert sum(record["levels"] > 0 for record in inner.trace) >= 5  # it drafted, ahead

@@ -256,7 +256,7 @@ def test_a_draft_model_keeps_what_it_read_of_the_last_request_when_the_next_begi
     cold = DraftModelDrafter(draft, VOCAB, depth=3, top_k=2)
     cold.start(turn, Step(turn, [], Tree(), [], None, None), len(turn) + 80)
     assert again.unread([*turn, 7]) == 4 and cold.unread([*turn, 7]) == len(turn) + 1
-    a, b = (d.draft([*turn, 7], 8, Stats()) for d in (again, cold))
+    a, b = (d.draft([*turn, 7], 8) for d in (again, cold))
     assert [(n.token, n.parent) for n in a.nodes] == [(n.token, n.parent) for n in b.nodes]
     assert [n.score for n in a.nodes] == pytest.approx([n.score for n in b.nodes], rel=1e-4)
 
@@ -328,7 +328,8 @@ def nodes_of(tree):
 def assert_same_draft(new, old, context, budget):
     """Both drafters (same weights, same history) draft ``context``; everything the loop sees must agree."""
     stats = Stats()
-    tree = new.draft(context, budget, stats)
+    new.recorder.begin(stats)
+    tree = new.draft(context, budget)
     ref, pool, fed, levels, stopped, forwards = reference_draft(old, context, budget)
     assert nodes_of(tree) == nodes_of(ref)
     assert nodes_of(new.pool) == nodes_of(pool) and new.fed == fed and new.tree_rows == old.tree_rows

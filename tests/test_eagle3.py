@@ -166,7 +166,7 @@ def test_build_with_eagle3_spec(tmp_path):
     head_dir = write_head(tmp_path / "h", target)
     loaded = Loaded(target, None, Path("."), "tiny")
     p = methods.build(MethodConfig("graft", 8, draft=f"eagle3:{head_dir}", drafting=DraftSettings(rope_theta=1e6)), loaded)
-    assert isinstance(p.drafter, Eagle3Drafter) and p.wants_hidden and p.drafter.head.cfg.rope_theta == 1e6
+    assert isinstance(p.drafter, Eagle3Drafter) and p.needs.hidden and p.drafter.head.cfg.rope_theta == 1e6
     prompt = [1, 2, 3, 4, 5, 6]
     assert run(target, p, prompt, 20) == run(target, GraftProposer(0), prompt, 20)
 

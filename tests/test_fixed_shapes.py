@@ -13,8 +13,7 @@ import torch
 import graft_cli
 from graft_cli.method import builder as methods
 from graft_cli.bench.runners import shared_models
-from graft_cli.core import GraftError, ROOT, Tree
-from graft_cli.drafting import match_target
+from graft_cli.core import GraftError, Needs, ROOT, Tree
 from graft_cli.drafting.proposer import GraftProposer
 from graft_cli.runtime.device_accept import NoiseRing, accepted_rows, choose
 from graft_cli.runtime.engine import decode
@@ -72,7 +71,7 @@ def test_every_method_gives_the_eager_paths_tokens(synthetic, sampling):
             for prompt in prompts():
                 eager = tokens(Target(loaded.model), methods.build(config, loaded), prompt, sampling)
                 target = FixedShapeTarget(loaded.model)
-                proposer = match_target(methods.build(config, loaded), target)  # draft levels at fixed shapes too
+                proposer = methods.build(config, loaded, target)  # draft levels at fixed shapes too
                 assert tokens(target, proposer, prompt, sampling) == eager, name
                 drafter = getattr(proposer, "drafter", None)
                 assert drafter is None or drafter.fixed is not None
@@ -152,15 +151,13 @@ def test_padded_verification_gives_the_real_rows_logits_and_cache(past, capacity
     eager, fixed = Target(model), FixedShapeTarget(model)
     for target in (eager, fixed):
         target.prefill(prompt, capacity=capacity)
-    step = fixed.device_step(Sampling(), None)
-    for position in range(1, 12):
+    rule = fixed.rule(Sampling(), None, Needs(), past)
+    for _ in range(1, 12):
         tree, root = random_tree(int(rng.integers(0, 100)), VOCAB, rng), int(rng.integers(VOCAB))
-        want = eager.verify(root, tree)
-        result = accept(tree, want.logits, Sampling())
-        eager.keep(result.rows(), len(tree) + 1)
-        got, accepted = step(root, tree, False, position)
+        want = eager.step([*prompt, root], tree, rule)
+        got = fixed.step([*prompt, root], tree, rule)
         torch.testing.assert_close(got.logits, want.logits, atol=1e-5, rtol=1e-5)
-        assert accepted == result and fixed.length == eager.length
+        assert (got.accepted, got.kept) == (want.accepted, want.kept) and fixed.length == eager.length
         length = eager.length
         torch.testing.assert_close(fixed.cache.block[..., :length, :], eager.cache.block[..., :length, :])
 
@@ -203,7 +200,7 @@ def test_recycling_learns_the_same_table_from_the_steps_one_read():
         proposer = GraftProposer(12, [PromptLookup(), retriever])
         got, reads = decode_reading(target, proposer, prompt, Sampling(), 50, seed=0)
         runs[type(target)] = (got, retriever.tokens.clone(), retriever.probs.clone(), reads)
-        assert proposer.successors == retriever.k
+        assert proposer.needs.successors == retriever.k
     (eager, table, probs, _), (fixed, fixed_table, fixed_probs, reads) = runs[Target], runs[FixedShapeTarget]
     assert fixed == eager and torch.equal(fixed_table, table)
     torch.testing.assert_close(fixed_probs, probs)
@@ -243,7 +240,7 @@ def test_the_switch_in_the_api_and_the_command_line(synthetic, capsys):
     assert code == 0 and out.removesuffix("\n") == texts["on"]
     for ahead in (None, True):  # a draft model drafts after the read unless --draft-ahead
         with graft_cli.load(folder, draft=folder, device="cpu", graphs="on", draft_ahead=ahead) as generator:
-            assert generator.proposer.drafter.ahead == bool(ahead)
+            assert generator.proposer.drafter.before_read == bool(ahead)
     code, out, _ = run_cli(["generate", prompt, "--model", folder, "--draft", folder, "--raw", "-n", "20", "--device",
                             "cpu", "-t", "0.8", "--seed", "3", "--graphs", "on", "--draft-ahead"], capsys)
     assert code == 0 and out.removesuffix("\n") == texts["on"]

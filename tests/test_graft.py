@@ -12,7 +12,7 @@ import torch
 import graft_cli.runtime.engine as engine
 from graft_cli.drafting.tree_drafter import TreeDrafter
 from plugins.draft_model import DraftModelDrafter
-from graft_cli.core import GraftError, PruneSchedule, ROOT, Stats, Tree
+from graft_cli.core import GraftError, Needs, PruneSchedule, ROOT, Stats, Tree
 from graft_cli.drafting.proposer import GraftProposer
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
@@ -126,7 +126,8 @@ def test_dense_expansion_matches_reference_eagle2(seed):
     depth, k, budget = int(rng.integers(1, 6)), int(rng.integers(1, 5)), int(rng.integers(1, 30))
     drafter = SyntheticDrafter(depth=depth, top_k=k)
     stats = Stats()
-    tree = drafter.draft(context, budget, stats)
+    drafter.recorder.begin(stats)
+    tree = drafter.draft(context, budget)
     check_tree(tree, budget)
     pool, _ = reference_pool(context, depth, k)
     best = sorted(pool.items(), key=lambda kv: (-kv[1], len(kv[0])))[:budget]
@@ -144,7 +145,7 @@ def test_dense_expansion_matches_reference_eagle2(seed):
 def test_settled_pool_stops_drafting_without_changing_the_tree():
     context = [1, 2, 3]
     full = SyntheticDrafter(depth=8, top_k=3)
-    tree = full.draft(context, 4, Stats())
+    tree = full.draft(context, 4)
     pool, _ = reference_pool(context, 8, 3)
     best = sorted(pool.items(), key=lambda kv: (-kv[1], len(kv[0])))[:4]
     assert set(paths_of(tree)) == {p for p, _ in best}
@@ -158,7 +159,8 @@ def test_pruning_stops_at_the_first_unconfident_checkpoint(peak):
     budget = 30
     drafter = SyntheticDrafter(depth=7, top_k=3, prune=prune, peak=peak)
     stats = Stats()
-    tree = drafter.draft(context, budget, stats)
+    drafter.recorder.begin(stats)
+    tree = drafter.draft(context, budget)
     _, point = reference_pool(context, 7, 3, prune, peak=peak)
     assert drafter.stopped_at == point
     check_tree(tree, budget)
@@ -193,11 +195,12 @@ def test_the_floor_never_expands_an_unlikely_node(peak):
     for seed in range(5):
         drafter = SyntheticDrafter(depth=6, top_k=3, prune=prune, peak=peak)
         stats = Stats()
-        tree = drafter.draft([seed, 7], 40, stats)
+        drafter.recorder.begin(stats)
+        tree = drafter.draft([seed, 7], 40)
         check_tree(tree, 40)
         assert all(drafter.pool.nodes[n].score >= 0.2 for n in drafter.fed)
         dense = SyntheticDrafter(depth=6, top_k=3, peak=peak)
-        dense.draft([seed, 7], 40, Stats())
+        dense.draft([seed, 7], 40)
         assert sum(drafter.forwards[1:]) <= sum(dense.forwards[1:])  # fewer draft rows
         # every node the dense drafter fed with probability >= floor was fed here too (same paths)
         fed = {p for p, s in paths_of_nodes(drafter.pool, drafter.fed).items()}
@@ -216,7 +219,7 @@ def test_chain_keeps_the_confident_prefix():
     for seed in range(10):
         context = [seed, seed + 1]
         drafter = SyntheticDrafter(depth=8, top_k=5, chain=True, prune=prune)
-        tree = drafter.draft(context, 16, Stats())
+        tree = drafter.draft(context, 16)
         assert [len(p) for p in tree.paths()] in ([], [len(tree)])  # one path
         for node in tree.nodes:
             assert node.score >= prune.chain_threshold(node.depth - 1)
@@ -245,12 +248,12 @@ class RandomRetriever:
 
 
 class RandomDrafter:
-    wants_hidden, levels = False, 0
+    needs, levels = Needs(), 0
 
     def __init__(self, seed):
         self.rng = np.random.default_rng(seed)
 
-    def draft(self, context, budget, stats):
+    def draft(self, context, budget):
         return random_tree(self.rng, int(self.rng.integers(0, 20)), vocab=6).select(budget)
 
 
@@ -262,8 +265,8 @@ def test_graft_keeps_budget_prefix_closure_and_draft_nodes(tail):
         proposer = GraftProposer(budget, [RandomRetriever("a", trial), RandomRetriever("b", trial + 1000)],
                                  drafter=RandomDrafter(trial), tail=tail)
         proposer.drafter.rng = np.random.default_rng(trial)
-        draft = RandomDrafter(trial).draft([1], budget, Stats())
-        tree = proposer.propose([1, 2, 3], Stats())
+        draft = RandomDrafter(trial).draft([1], budget)
+        tree = proposer.propose([1, 2, 3])
         check_tree(tree, max(budget, 0))
         # every draft node survives grafting, at the same path
         assert set(paths_of(draft)) <= set(paths_of(tree))
@@ -283,14 +286,14 @@ def test_retrieved_path_continues_under_the_matching_draft_node():
             return Tree.from_paths([[7, 8, 9]], self.name, 0.9)
 
     class Draft:
-        wants_hidden, levels = False, 0
+        needs, levels = Needs(), 0
 
-        def draft(self, context, budget, stats):
+        def draft(self, context, budget):
             return Tree.from_paths([[7, 1], [2]], "draft", 0.5)
 
     proposer = GraftProposer(6, [Fixed()], drafter=Draft())
     proposer.latency.points = {1: 1.0, 64: 1.0}  # verification is free: keep every retrieved node
-    tree = proposer.propose([0], Stats())
+    tree = proposer.propose([0])
     assert set(paths_of(tree)) == {(7,), (7, 1), (2,), (7, 8), (7, 8, 9)}
     assert tree.nodes[tree.child(ROOT, 7)].source == "fixed"  # the better estimate wins the shared node
     check_tree(tree, 6)
@@ -338,7 +341,7 @@ def test_graft_sampling_preserves_the_distribution(sampling):
 
 def test_a_draft_without_observe_drops_the_stale_tree_rows_first():
     drafter = SyntheticDrafter(depth=3, top_k=2)
-    first = drafter.draft([1, 2], 5, Stats())
+    first = drafter.draft([1, 2], 5)
     assert drafter.tree_rows > 0
-    second = drafter.draft([1, 2], 5, Stats())  # the mask check inside _grow fails on stale rows
+    second = drafter.draft([1, 2], 5)  # the mask check inside _grow fails on stale rows
     assert paths_of(first) == paths_of(second)

@@ -14,7 +14,7 @@ import torch
 import torch._dynamo
 
 from graft_cli.core import PruneSchedule, Stats
-from graft_cli.drafting import CostAwareProposer, LatencyModel, Objective, match_target
+from graft_cli.drafting import CostAwareProposer, LatencyModel, Objective
 from graft_cli.drafting.proposer import GraftProposer
 from graft_cli.heads import load_head
 from graft_cli.runtime.engine import decode
@@ -26,7 +26,7 @@ from graft_cli.runtime.target import Target
 from graft_cli.bench.synthetic import OracleTreeProposer
 from plugins.eagle3 import Eagle3Drafter
 from plugins.prompt_lookup import PromptLookup
-from tests.test_device import draft_model_proposer
+from tests.test_device import draft_model_proposer, following
 from tests.test_eagle3 import target_model, write_head
 from tests.tiny import VOCAB, tiny_model
 
@@ -156,7 +156,7 @@ def draft_model_ahead() -> GraftProposer:
     """A tiny draft model under the cost-aware builder, planned, drafting before each step's read."""
     proposer = draft_model_proposer("graft", budget=12, depth=4, top_k=3,
                                     objective=Objective(LatencyModel.default("cpu"), max_levels=4, planned=True))
-    proposer.drafter.ahead = True
+    proposer.drafter.before_read = True
     return proposer
 
 
@@ -178,7 +178,7 @@ def test_draft_levels_compile_whole_and_never_recompile(tmp_path, drafter):
     truth = decoded(Target(model), eager, prompt, Sampling(), 40)
     capture = CompiledCapture()
     target = FixedShapeTarget(model, capture=capture)
-    proposer = match_target(build(), target)
+    proposer = following(build(), target)
     trees = recorded(proposer)
     drafter_graphs = proposer.drafter.fixed.graphs
     target.graphs.warmup = drafter_graphs.warmup = 1
@@ -188,7 +188,7 @@ def test_draft_levels_compile_whole_and_never_recompile(tmp_path, drafter):
     assert capture.replays >= 10
     # a head reads its layers of the accepted rows as the verification graph's one small output, gathered in
     # the acceptance graph: the same drafts as from the eager path's every-layer states
-    layers = getattr(proposer.drafter, "feature_layers", ())
+    layers = proposer.drafter.needs.layers
     assert {key[3] for key in target.graphs.captured if key[0] == "verify"} == {layers}
     if drafter.endswith("cost-aware"):  # queued ahead: the drafter's catch-up is a region too; whether to draft is
         # decided before the step's retrieval, so the trees differ (tests/test_draft_ahead.py compares the drafts)
@@ -201,8 +201,8 @@ def recorded(proposer) -> list[list[tuple[int, int]]]:
     """Every tree ``proposer`` proposes from now on, as (token, parent) pairs: filled as it proposes."""
     trees, propose = [], proposer.propose
 
-    def recording(context, stats):
-        tree = propose(context, stats)
+    def recording(context):
+        tree = propose(context)
         trees.append([(node.token, node.parent) for node in tree.nodes])
         return tree
     proposer.propose = recording

@@ -143,3 +143,24 @@ print(json.dumps({"environ": dict(os.environ) == before, "registries": registrie
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"environ": True, "registries": True}
+
+
+def protocol_members() -> set[str]:
+    """Every member the roles declare (graft_cli/core/protocols.py), and the names once probed before they were."""
+    from graft_cli.core import protocols
+
+    members = {name for role in (protocols.Proposer, protocols.Drafter, protocols.Retriever)
+               for name in (*vars(role), *role.__annotations__) if not name.startswith("_")}
+    return members | set(protocols.Needs.__dataclass_fields__) | {"drafter", "inner", "feature_layers", "ahead"}
+
+
+def test_no_getattr_probes_a_role():
+    """What a proposer, drafter or retriever offers is declared (``Needs``, the protocols), never asked with
+    ``getattr``/``hasattr``: a wrapper then forwards by construction, and a new member cannot be missed."""
+    members, probes = protocol_members(), []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+                    and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value in members):
+                probes.append(f"{name}:{node.lineno} {node.func.id}(..., {node.args[1].value!r})")
+    assert not probes, "\n".join(probes)

@@ -14,7 +14,7 @@ from transformers import Gemma2Config, Gemma3TextConfig, MistralConfig, Qwen2Con
 from graft_cli.runtime.engine import decode
 from graft_cli.core import GraftError
 from graft_cli.drafting.proposer import GraftProposer
-from graft_cli.method.config import tree_reach
+from graft_cli.method.config import tree_budget
 from graft_cli.runtime.limits import Limits, limits
 from graft_cli.method.builder import MethodConfig
 from graft_cli.runtime.sampling import Sampling
@@ -42,11 +42,11 @@ def test_fit_refuses_with_the_numbers_or_cuts_either_end():
         lim.fit(ids, 16, 4, "left")  # not even one prompt token would fit
 
 
-def test_tree_reach_is_the_methods_budget():
-    assert tree_reach(MethodConfig("ar"), "cpu") == 0
-    assert tree_reach(MethodConfig("pld"), "cpu") == 16 and tree_reach(MethodConfig("pld"), "cuda") == 60
-    assert tree_reach(MethodConfig("graft", budget=5), "cpu") == 5
-    assert tree_reach(MethodConfig("graft", budget="auto"), "cpu") == 63
+def test_tree_budget_is_the_methods_budget():
+    assert tree_budget(MethodConfig("ar"), "cpu") == 0
+    assert tree_budget(MethodConfig("pld"), "cpu") == 16 and tree_budget(MethodConfig("pld"), "cuda") == 60
+    assert tree_budget(MethodConfig("graft", budget=5), "cpu") == 5
+    assert tree_budget(MethodConfig("graft", budget="auto"), "cpu") == 63
 
 
 @pytest.mark.parametrize("config, window", [

@@ -270,7 +270,7 @@ def test_the_chain_joins_the_pool_with_the_drafters_scores():
     drafter = DraftModelDrafter(draft, VOCAB, depth=4, top_k=2, prune=PruneSchedule((), 0.0))
     context = list(range(30, 45))
     drafter.start(context[:-1], None, len(context) + 64)
-    tree = drafter.draft(context, 12, Stats(), chain=[7, 8], objective=Objective(FLAT))
+    tree = drafter.draft(context, 12, chain=[7, 8], objective=Objective(FLAT))
     pool = drafter.pool
     assert [(n.token, n.parent) for n in pool.nodes[:2]] == [(7, -1), (8, 0)]
     with torch.no_grad():

@@ -15,7 +15,7 @@ from graft_cli.runtime.engine import decode
 from graft_cli.drafting.proposer import GraftProposer
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
-from graft_cli.core import RetrieverEnv
+from graft_cli.core import Needs, RetrieverEnv
 from tests.tiny import tiny_model
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
@@ -154,9 +154,9 @@ def test_a_retriever_without_the_optional_members_gets_their_defaults():
         name = "full"
 
     class Chain:
-        wants_hidden, levels = False, 1
+        needs, levels = Needs(), 1
 
-        def draft(self, context, budget, stats):
+        def draft(self, context, budget):
             return Tree.from_paths([[3]], "draft", 0.9)
 
         def close(self):
@@ -165,6 +165,6 @@ def test_a_retriever_without_the_optional_members_gets_their_defaults():
     full = Full()
     proposer = GraftProposer(4, [Minimal(), full], drafter=Chain(), tail=True)
     assert proposer.retrievers[1] is full and not proposer.retrievers[0].stateless
-    proposer.propose([1, 2], Stats())
+    proposer.propose([1, 2])
     assert [1, 2, 3] not in asked  # only stateless retrievers continue the drafted chain
     proposer.close()

@@ -120,7 +120,7 @@ def test_the_shipped_head_drafts_ahead_on_the_fixed_shape_path_with_one_read_a_s
     """The default model with its shipped EAGLE-3 head on the fixed-shape path, the cost-aware tree planned as on
     a GPU: each draft is queued before the step's read and comes back with it; plain decoding's tokens, one read a
     step (the prefill's included), and drafts on most steps."""
-    from graft_cli.drafting import LatencyModel, match_target
+    from graft_cli.drafting import LatencyModel
     from graft_cli.runtime.fixed_target import FixedShapeTarget
     from tests.test_device import decode_reading
 
@@ -130,11 +130,11 @@ def test_the_shipped_head_drafts_ahead_on_the_fixed_shape_path_with_one_read_a_s
     ids = encode(smollm2.tokenizer, prompts[3])  # math: the head agrees often enough to draft deep
     ar, _ = generate(smollm2, "ar", ids, 64)
     target = FixedShapeTarget(smollm2.model)
-    proposer = match_target(methods.build(config, smollm2), target)
+    proposer = methods.build(config, smollm2, target)
     proposer.latency = proposer.objective.latency = LatencyModel.default("cuda")
     proposer.objective.planned = True
     got, reads = decode_reading(target, proposer, ids, Sampling(), 64, stop_ids(smollm2))
     assert got == ar
     assert set(reads) == {1}
     drafted = sum(1 for record in proposer.trace if record["levels"])
-    assert drafted >= len(proposer.trace) // 2 and proposer.drafter.ahead
+    assert drafted >= len(proposer.trace) // 2 and proposer.drafter.before_read

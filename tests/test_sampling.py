@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import graft_cli.runtime.engine as engine
+import graft_cli.runtime.target as target_module
 from graft_cli.runtime.sampling import Noise, Sampling, pick, probabilities
 from graft_cli.runtime.target import Target
 from graft_cli.core import ROOT, Stats, Tree
@@ -28,7 +29,7 @@ class FixedTreeProposer(StaticProposer):
     def __init__(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
 
-    def propose(self, context, stats) -> Tree:
+    def propose(self, context) -> Tree:
         tree = Tree()
         for a in self.rng.choice(V, 3, replace=False):
             node = tree.add(ROOT, int(a), "t", 0.5)
@@ -98,7 +99,7 @@ def test_speculative_sampling_preserves_the_distribution(sampling):
 def test_the_statistical_test_catches_a_biased_verifier(monkeypatch):
     model = tiny_model(seed=11, vocab=V, init=0.08)
     sampling = SETTINGS[0]
-    monkeypatch.setattr(engine, "accept", biased_accept)
+    monkeypatch.setattr(target_module, "accept", biased_accept)
     n = 2500
     assert chi_square_rejects(exact_joint(model, sampling), sample_joint(model, sampling, n), n)
 

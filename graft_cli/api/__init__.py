@@ -17,9 +17,9 @@ from typing import Any, Sequence
 
 from graft_cli.api.generator import Completion, Generator, Piece, Request, Stream
 from graft_cli.catalog.entries import DEFAULT_MODEL
-from graft_cli.core import DraftSettings, GraftError, Options
+from graft_cli.core import GraftError
 from graft_cli.method import builder as methods
-from graft_cli.method.config import MethodConfig, parse_budget
+from graft_cli.method.config import MethodConfig, configure
 from graft_cli.runtime.fixed_target import use_graphs
 from graft_cli.runtime.loading import load_model, parse_device_map
 from graft_cli.runtime.target import Progress
@@ -47,17 +47,9 @@ def load(model: str = DEFAULT_MODEL, *, method: str = "graft", draft: str | None
     """A model (catalog name, path, or hub id) and a method, ready to generate. ``drafting``: any
     :class:`~graft_cli.core.DraftSettings` field (``depth``, ``draft_top_k``, ``prune_at``, ``chain``, ...).
     ``graphs``: ``on`` verifies at fixed shapes, captured as CUDA graphs on a GPU; ``auto``: on CUDA only."""
-    options = Options(retriever_options or {})
     if len(datastores) > 1:
         raise GraftError("a Generator retrieves from one datastore (give one in datastores)")
-    if datastores:
-        options["datastore"] = str(datastores[0])
-    if adjacency_file is not None:
-        options["adjacency_file"] = str(adjacency_file)
-    try:
-        settings = DraftSettings(**drafting)
-    except TypeError as e:
-        raise GraftError(f"load(): {e}") from None
-    config = MethodConfig(method, parse_budget(budget), list(retrievers) if retrievers is not None else None,
-                          options, draft, settings, tree=tree)
+    config = configure(method, budget=budget, retrievers=None if retrievers is None else list(retrievers),
+                       datastore=str(datastores[0]) if datastores else None, adjacency_file=adjacency_file,
+                       retriever_options=retriever_options, draft=draft, tree=tree, **drafting)
     return open_generator(model, config, device, dtype, device_map, prefill_chunk, graphs=graphs)

@@ -11,9 +11,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from graft_cli.api.text import Prompt, TextPieces, chat_prompt
 from graft_cli.core import GraftError, Options, Stats
-from graft_cli.drafting import match_target
 from graft_cli.method import builder as methods
-from graft_cli.method.config import MethodConfig, tree_reach
+from graft_cli.method.config import MethodConfig, tree_budget
 from graft_cli.runtime import decode
 from graft_cli.runtime.fixed_target import make_target
 from graft_cli.runtime.limits import parse_truncate
@@ -58,10 +57,10 @@ class Generator:
                  progress: Progress | None = None, graphs: str = "auto") -> None:
         self.loaded, self.config = loaded, config
         self.target = make_target(loaded.model, graphs, prefill_chunk, progress)
-        self.proposer = match_target(methods.build(config, loaded), self.target)
+        self.proposer = methods.build(config, loaded, self.target)
         check_options(config.options, config.method)
         self.stop_ids = stop_ids(loaded)
-        self.reach = tree_reach(config, loaded.device)  # the tree room a request must leave below the model's limits
+        self.reach = tree_budget(config, loaded.device)  # the tree room a request must leave below the model's limits
         self._busy = threading.Lock()
 
     def request(self, prompt: Prompt | None = None, *, messages: list[dict] | None = None, system: str | None = None,

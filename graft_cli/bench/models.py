@@ -11,7 +11,7 @@ from graft_cli.bench.options import BenchOptions
 from graft_cli.bench.plan import MethodSpec
 from graft_cli.bench.runners import HF_PLD_TOKENS, Columns, build_runners, shared_models, weights_dtype
 from graft_cli.bench.workload import Workload
-from graft_cli.method.config import DEFAULT_KIND, tree_reach
+from graft_cli.method.config import DEFAULT_KIND, tree_budget
 from graft_cli.runtime import loading
 
 
@@ -56,7 +56,7 @@ def reach_depth(spec: MethodSpec, opts: BenchOptions, models: Models) -> int:
     """How far past the prompt and its answer a method's last forward reaches: its deepest tree, or the tokens a
     transformers peer looks ahead."""
     if spec.kind == "engine":
-        return tree_reach(opts.method_config(spec), models.device)
+        return tree_budget(opts.method_config(spec), models.device)
     if spec.method == "hf-assisted" and models.draft is not None:
         return int(getattr(models.draft.model.generation_config, "num_assistant_tokens", 20) or 20)
     return HF_PLD_TOKENS if spec.method == "hf-pld" else 0

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
 
 from graft_cli.core import DraftSettings, GraftError
-from graft_cli.method.config import TAKES_DRAFT, MethodConfig
+from graft_cli.method.config import TAKES_DRAFT, MethodConfig, configure
 
 PEERS = ("hf", "hf-pld", "hf-assisted")
 
@@ -88,8 +88,8 @@ def method_config(spec: MethodSpec, options: dict, draft: str | None, method_opt
     """The MethodConfig of an engine method: its budget, the retriever options, ``--draft`` where the method takes
     one, and any other MethodConfig field given as text (``--method-opt depth=4``, then the variant's own),
     converted to the field's type; a dotted key (``responses.factor=1``) is a retriever option of its own."""
-    config = MethodConfig(method=spec.method, budget=spec.budget, options=dict(options),
-                          draft=draft if uses_draft(spec) else None)
+    config = configure(spec.method, budget=spec.budget, retriever_options=options,
+                       draft=draft if uses_draft(spec) else None)
     if spec.method == "ar":
         return config
     own = {f.name for f in dataclasses.fields(MethodConfig)} - {"method", "budget", "options", "draft", "drafting"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from time import perf_counter
 from typing import Any, Callable, Protocol, Sequence
 
@@ -15,7 +16,6 @@ from graft_cli.method import builder as methods
 from graft_cli.bench.options import BenchOptions
 from graft_cli.bench.plan import MethodSpec
 from graft_cli.core import GraftError, Proposer, Stats, device_kind
-from graft_cli.drafting import match_target
 from graft_cli.method.config import MethodConfig
 from graft_cli.runtime import loading
 from graft_cli.runtime.attention_kernels import GroupedQueryAttention
@@ -283,8 +283,8 @@ def _engine_runner(spec: MethodSpec, config: MethodConfig, loaded: loading.Loade
     runner_target = target
     if spec.method == "ar":
         runner_target = make_target(loaded.model, graphs, eager=MarginTarget, fixed=FixedMarginTarget)
-    return EngineRunner(spec.name, runner_target, lambda: match_target(methods.build(config, loaded), runner_target),
-                        stop, loaded.device)
+    return EngineRunner(spec.name, runner_target, partial(methods.build, config, loaded, runner_target), stop,
+                        loaded.device)
 
 
 def weights_dtype(loaded: loading.Loaded) -> str:

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from datastores import build_store
 from graft_cli.heads import HeadConfig, expected_shapes
-from graft_cli.core import DraftSettings, ROOT, Tree
+from graft_cli.core import DraftSettings, Needs, Recorder, ROOT, Tree
 from graft_cli.method.config import MethodConfig
 
 VOCAB = 97
@@ -146,7 +146,8 @@ def random_tree(size: int, vocab: int, rng: np.random.Generator) -> Tree:
 class StaticProposer:
     """Base of test proposers whose trees come from ``propose`` alone: they learn nothing from verification."""
 
-    wants_hidden = False
+    needs = Needs()
+    recorder = Recorder()  # test proposers time nothing of their own
 
     def start(self, prompt, prefill, capacity) -> None:
         pass
@@ -166,7 +167,7 @@ class OracleTreeProposer(StaticProposer):
         self.truth, self.prompt_len, self.shape, self.vocab = truth, prompt_len, shape, vocab
         self.rng = np.random.default_rng(seed)
 
-    def propose(self, context, stats) -> Tree:
+    def propose(self, context) -> Tree:
         rng, tree, vocab = self.rng, Tree(), self.vocab
         done = len(context) - self.prompt_len
         future = self.truth[done:]

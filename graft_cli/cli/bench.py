@@ -11,7 +11,7 @@ import typer
 from graft_cli.catalog.entries import DEFAULT_MODEL
 from graft_cli.cli.options import (
     Budget, Datastore, Device, DeviceMap, Draft, Dtype, Graphs, MaxNewTokens, Model, RetrieverOpt, Truncate,
-    retriever_options,
+    option_pairs,
 )
 from graft_cli.core import GraftError
 
@@ -52,7 +52,7 @@ def bench(
     """Benchmark every method side by side: speedup and tau per category, lossless check, Spec-Bench answer files."""
     from graft_cli.bench.command import run_bench
     from graft_cli.bench.options import BenchOptions
-    from graft_cli.method.config import parse_budget
+    from graft_cli.method.config import parse_budget, retriever_settings
     from graft_cli.runtime.limits import parse_truncate
     from graft_cli.runtime.loading import parse_device_map
 
@@ -72,7 +72,7 @@ def bench(
         max_new_tokens=max_new_tokens,
         methods=_split(methods) or ["all"],
         budgets=list(dict.fromkeys(budget_list)),
-        options=retriever_options(retriever_opt, datastore),
+        options=dict(retriever_settings(option_pairs(retriever_opt), datastore)),
         method_opts=_pairs(method_opt, "--method-opt"),
         variants=dict(_variant(text) for text in variant),
         device=device,

@@ -12,10 +12,10 @@ from dataclasses import fields
 from typing import Any
 
 from graft_cli.core.defaults import CPU, CUDA, MAX_LEVELS, both
-from graft_cli.core.env import DraftSettings, Options
+from graft_cli.core.env import DraftSettings
 from graft_cli.core.errors import GraftError
 from graft_cli.core.prune import DEFAULT_SCHEDULE
-from graft_cli.method.config import ALIAS_HELP, MethodConfig, parse_budget
+from graft_cli.method.config import ALIAS_HELP, MethodConfig, configure
 
 MODEL, SPECULATION, DEVICE, OUTPUT = "Model", "Speculation", "Device", "Output"
 
@@ -72,24 +72,20 @@ PrefillChunk = Annotated[int, typer.Option("--prefill-chunk", min=1, rich_help_p
 
 def method_config(params: dict[str, Any]) -> MethodConfig:
     """The method configuration from a command's parameters, named as the shared options above (``generate`` and
-    ``serve`` take the same ones): one place that turns the flags into a MethodConfig."""
-    options = retriever_options(params["retriever_opt"], params["datastore"], params["adjacency_file"])
-    retrievers = params["retrievers"].split(",") if params["retrievers"] else None
-    drafting = DraftSettings(**{f.name: params[f.name] for f in fields(DraftSettings)})
-    return MethodConfig(params["method"], parse_budget(params["budget"]), retrievers, options, params["draft"],
-                        drafting, tree=params["tree"])
+    ``serve`` take the same ones), through the one function every caller makes a method with."""
+    drafting = {f.name: params[f.name] for f in fields(DraftSettings)}
+    return configure(params["method"], budget=params["budget"], retrievers=params["retrievers"],
+                     datastore=params["datastore"], adjacency_file=params["adjacency_file"],
+                     retriever_options=option_pairs(params["retriever_opt"]), draft=params["draft"],
+                     tree=params["tree"], **drafting)
 
 
-def retriever_options(pairs: list[str], datastore: str | None, adjacency_file: str | None = None) -> Options:
-    """``--retriever-opt KEY=VALUE`` pairs and ``--datastore`` as the options every retriever is built with."""
-    options = Options()
+def option_pairs(pairs: list[str]) -> dict[str, str]:
+    """``--retriever-opt KEY=VALUE`` pairs as the retriever options they set."""
+    options = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise GraftError(f"--retriever-opt expects KEY=VALUE, got '{pair}'")
         options[key] = value
-    if datastore:
-        options["datastore"] = datastore
-    if adjacency_file:
-        options["adjacency_file"] = adjacency_file
     return options

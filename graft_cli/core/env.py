@@ -75,11 +75,21 @@ class LoadedModel(Protocol):
 
 
 @dataclass(frozen=True)
+class Shapes:
+    """The target runs at fixed shapes (``--graphs``), and so should a drafter's levels: ``capture`` records each
+    shape once (CUDA graphs, into a memory pool of the drafter's own), None runs them eagerly (a CPU)."""
+
+    capture: Any = None
+
+
+@dataclass(frozen=True)
 class DrafterEnv:
     """What a drafter factory gets: the loaded target, its ``--draft`` spec and the drafting settings with the
-    device's defaults filled in; ``prune`` is the parsed pruning schedule, None when the method does not prune."""
+    device's defaults filled in; ``prune`` is the parsed pruning schedule, None when the method does not prune;
+    ``shapes``: the target's fixed-shape path, None on the eager one."""
 
     target: LoadedModel
     spec: str  # --draft after "KIND:" (the whole value for a bare model name)
     settings: DraftSettings
     prune: PruneSchedule | None = None
+    shapes: Shapes | None = None

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from time import perf_counter
-from typing import Sequence
-
-from graft_cli.core.tree import Tree
+from graft_cli.core.step import Step
 
 
 @dataclass
@@ -22,12 +19,13 @@ class Stats:
     wall: float = 0.0
     budgets: list[int] = field(default_factory=list)  # tree nodes chosen per step under --budget auto
 
-    def count_step(self, tree: Tree, accepted: Sequence[int]) -> None:
-        """One verification: the tree's nodes by source, the ``accepted`` nodes by source, and the bonus token."""
+    def count_step(self, step: Step) -> None:
+        """One verification: the tree's nodes by source, the accepted nodes by source, and the bonus token."""
+        tree = step.tree
         self.steps += 1
-        self.accept_lengths.append(len(accepted) + 1)
+        self.accept_lengths.append(len(step.accepted))
         self.proposed.update(node.source for node in tree.nodes)
-        self.accepted.update(tree.nodes[i].source for i in accepted)
+        self.accepted.update(tree.nodes[row - 1].source for row in step.kept[1:])
         self.accepted["bonus"] += 1
 
     @property
@@ -64,20 +62,3 @@ class Stats:
             f"tau {self.tau:.2f} over {self.steps} steps; accepted: {by_source}; {times}"
         )
 
-
-class Stopwatch:
-    """Seconds by phase into a ``times`` counter, one clock read per phase boundary: the decoding loop's timing in
-    one place, so the loop itself reads as the algorithm."""
-
-    def __init__(self, times: Counter) -> None:
-        self.times, self.mark = times, perf_counter()
-
-    def restart(self) -> None:
-        """Start timing anew (what happened since the last lap belongs to nobody's phase)."""
-        self.mark = perf_counter()
-
-    def lap(self, phase: str) -> None:
-        """The time since the last lap or restart goes to ``phase``."""
-        now = perf_counter()
-        self.times[phase] += now - self.mark
-        self.mark = now

@@ -14,7 +14,7 @@ real rows: the next level writes there, and no real row ever sees them.
 A drafter on this path runs EVERY tree level through it (captured or, before its warm-up ends, eagerly): its
 cache's rows are then written where the index says and never counted by the cache, which the drafter does itself.
 
-A draft queued before a step's read (tree_drafter.py, ``draft_ahead``) first feeds the step's accepted tokens the
+A draft queued before a step's read (tree_drafter.py, ``queue``) first feeds the step's accepted tokens the
 same way, as one causal block padded to the verification's bucket (:meth:`FixedLevels.catch_up`): their count is
 on the device, so the levels after it take their context length from there (``visible`` as a device tensor).
 """
@@ -26,11 +26,10 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from graft_cli.core import Outcome
 from graft_cli.runtime.fixed_shapes import additive, bucket, visible_keys
-from graft_cli.runtime.fixed_target import FixedShapeTarget
-from graft_cli.runtime.graphs import Capture, CudaCapture, Graphs
+from graft_cli.runtime.graphs import Capture, Graphs
 from graft_cli.runtime.kv_cache import PositionCache
-from graft_cli.runtime.target import Outcome, Target
 
 WIDTH = 64  # tree rows a level's static mask holds at first
 
@@ -136,18 +135,6 @@ class FixedLevels:
         block = cache.layers[0].keys
         key = (name, inputs.rows, block.data_ptr(), block.shape[2], inputs.tree.data_ptr(), *more)
         return self.graphs.run(key, region)
-
-
-def match_target(proposer: Any, target: Target) -> Any:
-    """``proposer``, its drafter (if any, and if it can) on fixed-shape levels when ``target`` is on the
-    fixed-shape path, captured the way the target's steps are, into a memory pool of the drafter's own: a draft
-    queued ahead replays between the acceptance graph and the step's read, so its graphs must never reuse the
-    memory of the target's outputs."""
-    drafter = getattr(proposer, "drafter", None) or getattr(getattr(proposer, "inner", None), "drafter", None)
-    if isinstance(target, FixedShapeTarget) and drafter is not None and getattr(drafter, "fix_levels", None):
-        capture = target.graphs.capture
-        drafter.fix_levels(capture.apart() if isinstance(capture, CudaCapture) else capture)
-    return proposer
 
 
 @contextmanager

@@ -17,14 +17,14 @@ import sys
 import time
 from pathlib import Path
 from statistics import median
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
 from datastores.atomic import write_text_atomic
 from graft_cli.catalog.checksums import model_checksum
 from graft_cli.catalog.home import graft_home
-from graft_cli.core import defaults_for, Proposer, ROOT, Stats, Step, Tree
+from graft_cli.core import defaults_for, Needs, Proposer, ROOT, Step, Tree
 from graft_cli.drafting.budget import LatencyModel
 from graft_cli.runtime.limits import limits
 from graft_cli.runtime.loading import Loaded
@@ -170,33 +170,32 @@ def latency_model(loaded: Loaded, refresh: bool = False, quiet: bool = False) ->
                         int(data["context_tokens"]))
 
 
-def cap(latency: LatencyModel) -> int:
-    """The largest tree worth growing: the widest measured forward (root included)."""
-    return max(latency.points) - 1
-
-
 class AutoBudget:
-    """A proposer whose every tree is cut to the size with the best expected accepted tokens per second."""
+    """A proposer whose every tree is cut to the size with the best expected accepted tokens per second. It wraps
+    another and is that proposer to the loop: what the inner one needs from a step is what this one needs."""
 
-    def __init__(self, inner: Proposer, latency: LatencyModel, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.inner, self.latency, self.clock = inner, latency, clock
-        self.wants_hidden = inner.wants_hidden
-        self.successors = getattr(inner, "successors", 0)
-        self.feature_layers = getattr(inner, "feature_layers", ())
+    def __init__(self, inner: Proposer, latency: LatencyModel) -> None:
+        self.inner, self.latency = inner, latency
+        self.recorder = inner.recorder  # one clock and one set of counters for both
         self.chosen: list[int] = []  # tree nodes kept per step, across every generation
+
+    @property
+    def needs(self) -> Needs:
+        return self.inner.needs
 
     def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
         self.inner.start(prompt, prefill, capacity)
 
-    def propose(self, context: Sequence[int], stats: Stats) -> Tree:
+    def propose(self, context: Sequence[int]) -> Tree:
         self.latency.context = len(context)
-        t0 = self.clock()
-        tree = self.inner.propose(context, stats)
-        spent = self.clock() - t0  # seconds, as the measured curve: the step's time, so each node costs less of it
+        clock = self.recorder.clock
+        t0 = clock()
+        tree = self.inner.propose(context)
+        spent = clock() - t0  # seconds, as the measured curve: the step's time, so each node costs less of it
         scores = [tree.nodes[i].score for i in tree.ranked()]
         keep = self.latency.best_count(0, 0.0, scores, overhead=spent)
         self.chosen.append(keep)
-        stats.budgets.append(keep)
+        self.recorder.stats.budgets.append(keep)
         return tree.select(keep)
 
     def observe(self, step: Step) -> None:

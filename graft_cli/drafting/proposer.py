@@ -7,14 +7,10 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from time import perf_counter
 from typing import Callable, Sequence
 
-
+from graft_cli.core import complete, Calibration, Drafter, Needs, Recorder, Retriever, ROOT, Step, Tree
 from graft_cli.drafting.budget import LatencyModel
-
-
-from graft_cli.core import complete, Calibration, Drafter, Retriever, ROOT, Stats, Step, Tree
 
 
 def best_path(tree: Tree) -> list[int]:
@@ -45,20 +41,26 @@ class GraftProposer:
         drafter: Drafter | None = None,
         latency: LatencyModel | None = None,
         tail: bool = False,
+        recorder: Recorder | None = None,
     ) -> None:
         self.budget = budget
         self.retrievers = [complete(r) for r in retrievers]  # a plugin may leave out the optional members
         self.drafter = drafter
         self.latency = latency or LatencyModel.default("cpu")
+        self.recorder = recorder or Recorder()  # its clock, and where its retrieval seconds go ...
+        if drafter is not None:
+            drafter.recorder = self.recorder  # ... and its drafter's
         self.calibration = Calibration()
-        self.wants_hidden = bool(drafter and drafter.wants_hidden)
-        # the hidden layers the drafter reads: the fixed-shape path gathers them for the accepted rows on the device
-        self.feature_layers: tuple[int, ...] = tuple(getattr(drafter, "feature_layers", ())) if drafter else ()
-        # the target's top-k at every verified row, read with the step where the target can (Token Recycling's)
-        self.successors = max((getattr(r, "successors", 0) for r in self.retrievers), default=0)
         self.tail = tail
         self.trace: list[dict] = []
         self.failed: set[str] = set()  # retrievers that raised (warned about once)
+
+    @property
+    def needs(self) -> Needs:
+        """The drafter's states (its hidden layers), and the largest top-k a retriever learns from (read with the
+        step where the target can: Token Recycling's)."""
+        drafted = self.drafter.needs if self.drafter is not None else Needs()
+        return Needs(drafted.hidden, drafted.layers, max((r.successors for r in self.retrievers), default=0))
 
     def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
         self.trace = []
@@ -69,23 +71,22 @@ class GraftProposer:
             # the prefill is a target forward too (its last row: the root's)
             self._safely(retriever, "observe", lambda: retriever.observe(prefill))
 
-    def propose(self, context: Sequence[int], stats: Stats) -> Tree:
+    def propose(self, context: Sequence[int]) -> Tree:
         self.latency.context = len(context)  # what a node costs depends on the cache it is verified over
-        tree = self.drafter.draft(context, self.budget, stats) if self.drafter and self.budget > 0 else Tree()
+        tree = self.drafter.draft(context, self.budget) if self.drafter and self.budget > 0 else Tree()
         drafted = len(tree)
         record = {"draft": drafted, "retrieved": 0, "levels": self.drafter.levels if self.drafter else 0}
         self.trace.append(record)
         room = self.budget - drafted
         if room <= 0 or not self.retrievers:
             return tree
-        t0 = perf_counter()
-        pool = self._retrieved(context, room)
-        if self.tail and drafted:
-            self._tail(pool, tree, context, room)
-        if len(pool):
-            tree = self._graft(tree, pool)
+        with self.recorder.timed("retrieve"):
+            pool = self._retrieved(context, room)
+            if self.tail and drafted:
+                self._tail(pool, tree, context, room)
+            if len(pool):
+                tree = self._graft(tree, pool)
         record["retrieved"] = len(tree) - drafted
-        stats.times["retrieve"] += perf_counter() - t0
         return tree
 
     def _retrieved(self, context: Sequence[int], room: int) -> Tree:

@@ -12,7 +12,7 @@ and the fed rows, in one transfer), plus once at each level where a stop decisio
 checkpoint, the expansion floor, a pool big enough that it may already be settled, or the cost-aware builder's
 choice of depth. With a planned objective (on a GPU, where a read stalls the queue) the depth is chosen before
 the draft and nothing is read until the end (graft_cli/drafting/objective.py, ``Objective.replan``). On the
-fixed-shape path such a draft is queued ahead (:meth:`TreeDrafter.draft_ahead`): grown from the step's result
+fixed-shape path such a draft is queued ahead (:meth:`TreeDrafter.queue`): grown from the step's result
 before the host reads it, and read with it, so that a step with a draft reads the device once.
 
 The subclasses only say how to run one forward (:meth:`TreeDrafter._root` for the context, :meth:`_grow` for a
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from time import perf_counter
 from typing import Any, Callable, Sequence
 
 import torch
@@ -34,9 +33,9 @@ from graft_cli.drafting.fixed_levels import FixedLevels
 from graft_cli.drafting.objective import Objective
 from graft_cli.drafting.pool import Frontier, Pool
 from graft_cli.drafting.stop import ChainThreshold, Checkpoints, PerLevel, Planned, StopPolicy
-from graft_cli.core import best_first, Checkpoint, PruneSchedule, ROOT, Stats, Step, Tree
+from graft_cli.core import (best_first, Checkpoint, DrafterEnv, Needs, Outcome, PruneSchedule, Recorder, ROOT, Step,
+                            Tree)
 from graft_cli.runtime.graphs import Capture
-from graft_cli.runtime.target import Outcome
 
 SOURCE = "draft"
 Columns = tuple[list[int], list[int], list[float]]  # a draft's selected nodes: tokens, parents, scores
@@ -47,12 +46,13 @@ Landing = Callable[[Sequence[float]], Tree]  # a queued draft's read -> its tree
 class TreeDrafter:
     """EAGLE-2 expansion with optional dynamic-depth pruning; ``chain=True`` drafts one path (top_k = 1)."""
 
-    wants_hidden = False
-    ahead = True  # on the fixed-shape path, draft before the step's read where it can (_root_ahead)
+    needs = Needs()  # none of the target's states (an EAGLE head's: its hidden layers)
+    before_read = True  # on the fixed-shape path, draft before the step's read where it can (_root_queued)
 
     def __init__(self, depth: int = 6, top_k: int = 4, prune: PruneSchedule | None = None, chain: bool = False) -> None:
         if depth < 1 or top_k < 1:
             raise ValueError("a drafter needs depth >= 1 and top_k >= 1")
+        self.recorder = Recorder()  # its clock, and where its draft seconds and forwards go (its proposer's)
         self.depth, self.top_k, self.prune, self.chain = depth, (1 if chain else top_k), prune, chain
         self.fed: dict[int, int] = {}  # pool node -> its row in the tree block of the drafter's cache
         self.tree_rows = 0  # rows of the last draft's tree block still in the drafter's cache
@@ -66,8 +66,8 @@ class TreeDrafter:
         self.fixed: FixedLevels | None = None  # set: every tree level runs at a fixed shape (fixed_levels.py)
         self._landing: Landing | None = None  # a draft queued ahead, until the step's read brings it back
         self._landed: Tree | None = None  # ... made a tree, until draft() hands it over
-        self.ahead_s = 0.0  # seconds the host spent queueing and reading the draft queued ahead
-        self.ahead_of: str | None = None  # "start" or "step": what the last draft_ahead() fed before its read
+        self.queue_s = 0.0  # seconds the host spent queueing and reading the draft queued ahead
+        self.queued_at: str | None = None  # "start" or "step": what the last queue() fed before its read
         self.base: torch.Tensor | None = None  # ... a step's: the drafter's context rows after it, on the device
         self.most = 0  # ... and the most they may be (what the cache must hold)
 
@@ -85,8 +85,8 @@ class TreeDrafter:
         Return their log-probabilities ``[F, V']`` and per-row states."""
         raise NotImplementedError
 
-    def _root_ahead(self, outcome: Outcome, context: Sequence[int], budget: int) -> tuple[torch.Tensor, Any] | None:
-        """:meth:`_root` from a step's result still on the device (:meth:`draft_ahead`): the root's log-probabilities
+    def _root_queued(self, outcome: Outcome, context: Sequence[int], budget: int) -> tuple[torch.Tensor, Any] | None:
+        """:meth:`_root` from a step's result still on the device (:meth:`queue`): the root's log-probabilities
         and state, or None where this drafter cannot or need not (it then reads the step's tokens after the read,
         as usual)."""
         return None
@@ -126,17 +126,24 @@ class TreeDrafter:
         whether this drafter can (a subclass that can says so)."""
         return False
 
+    def following(self, env: DrafterEnv) -> TreeDrafter:
+        """This drafter with its levels at fixed shapes when the target's steps are (``env.shapes``), captured the
+        way the target's are: what a plugin factory returns."""
+        if env.shapes is not None:
+            self.fix_levels(env.shapes.capture)
+        return self
+
     # --- the protocol -------------------------------------------------------------------------------------------
     def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
-        if self.ahead_of == "start":  # started at the prefill, before its read: the first draft came with it
-            self.ahead_of = None
+        if self.queued_at == "start":  # started at the prefill, before its read: the first draft came with it
+            self.queued_at = None
             self._land(prefill)
             return
         self._reset()
 
     def _reset(self) -> None:
         """Forget the last request's draft, queued ahead or not."""
-        self.ahead_of, self._landing, self._landed, self.base = None, None, None, None
+        self.queued_at, self._landing, self._landed, self.base = None, None, None, None
         self._forget()
         self.tree_rows = 0
 
@@ -150,8 +157,8 @@ class TreeDrafter:
         return 0
 
     def observe(self, step: Step) -> None:
-        if self.ahead_of == "step":  # fed already, and the next draft queued, before the step's read
-            self.ahead_of, self.base = None, None
+        if self.queued_at == "step":  # fed already, and the next draft queued, before the step's read
+            self.queued_at, self.base = None, None
             self._count_fed(len(step.kept))
             self._land(step)
             return
@@ -171,17 +178,16 @@ class TreeDrafter:
         return self._pool
 
     @torch.inference_mode()
-    def draft(self, context: Sequence[int], budget: int, stats: Stats, chain: Sequence[int] = (),
+    def draft(self, context: Sequence[int], budget: int, chain: Sequence[int] = (),
               objective: Objective | None = None) -> Tree:
         """The expansion loop: a level of the tree per forward, each frontier node seeing its ancestors' rows, until
         the stop policy ends the draft; then the kept nodes, read in one transfer. A draft queued ahead
-        (:meth:`draft_ahead`) came back with the last step's read: it is handed over as it is."""
+        (:meth:`queue`) came back with the last step's read: it is handed over as it is."""
         if self._landed is not None:
             tree, self._landed = self._landed, None
-            stats.draft_forwards += len(self.forward_rows)
-            stats.times["draft"] += self.ahead_s
+            self._count(self.queue_s)
             return tree
-        clock = perf_counter()
+        clock = self.recorder.clock()
         if self.tree_rows:  # observe() was not called after the last draft
             self._drop_tree([])
         self._forget()
@@ -190,52 +196,56 @@ class TreeDrafter:
             return Tree()
         read, land = self._queue(budget, objective, clock, lambda pool: self._first_level(pool, context, list(chain)))
         tree = land(read.tolist())
-        stats.draft_forwards += len(self.forward_rows)
-        stats.times["draft"] += perf_counter() - clock
+        self._count(self.recorder.clock() - clock)
         return tree
 
-    def draft_ahead(self, outcome: Outcome, context: Sequence[int], budget: int,
+    def _count(self, seconds: float) -> None:
+        """The last draft's forwards and ``seconds`` into the request's stats."""
+        self.recorder.stats.draft_forwards += len(self.forward_rows)
+        self.recorder.add("draft", seconds)
+
+    def queue(self, outcome: Outcome, context: Sequence[int], budget: int,
                     objective: Objective | None) -> torch.Tensor | None:
         """Queue the next step's draft before this step's result is read (the fixed-shape path): feed what
         ``outcome`` holds on the device (the tokens after ``context``, the context before the step) and, with a
         ``budget``, grow the draft from them. Returns what the step's one read must bring back for
         :meth:`observe` to make the tree of (None: no draft). Only a planned objective drafts ahead: any other
         rule reads the device between levels."""
-        clock = perf_counter()
+        clock = self.recorder.clock()
         self._landing = None
-        if not self.drafts_ahead(objective):
+        if not self.queues(objective):
             return None
         if self.tree_rows:  # the verified draft's rows: the accepted ones are fed again, with the target's states
             self._drop_tree([])
         self._forget()
         self.stopped_at, self.levels, self.forward_rows, self.catch_up_s = None, 0, [1], 0.0
-        root = self._root_ahead(outcome, context, budget)
+        root = self._root_queued(outcome, context, budget)
         if root is None:
             return None
-        self.ahead_of = "start" if outcome.start else "step"
+        self.queued_at = "start" if outcome.start else "step"
         if budget <= 0:
             return None
         read, self._landing = self._queue(budget, objective, clock,
                                           lambda pool: (self._children(pool, None, root[0]), root[1], []))
-        self.ahead_s = perf_counter() - clock
+        self.queue_s = self.recorder.clock() - clock
         return read
 
-    def drafts_ahead(self, objective: Objective | None) -> bool:
-        """Whether :meth:`draft_ahead` drafts for ``objective``: on fixed-shape levels, planned, not a chain."""
+    def queues(self, objective: Objective | None) -> bool:
+        """Whether :meth:`queue` drafts for ``objective``: on fixed-shape levels, planned, not a chain."""
         planned = objective is not None and objective.planned
-        return self.ahead and self.fixed is not None and planned and not self.chain
+        return self.before_read and self.fixed is not None and planned and not self.chain
 
     def _land(self, step: Step) -> None:
         """The draft queued ahead, made a tree from what ``step``'s read brought back (the next draft() hands it
         over)."""
         landing, self._landing = self._landing, None
-        self._landed = landing(step.ahead) if landing is not None and step.ahead is not None else None
+        self._landed = landing(step.queued) if landing is not None and step.queued is not None else None
 
     def _queue(self, budget: int, objective: Objective | None, clock: float,
                first_level: Callable[[Pool], tuple[Frontier, Any, list]]) -> tuple[torch.Tensor, Landing]:
         """Grow a draft on the device from ``first_level``'s frontier: what its one read brings back, and how
         the tree is made of that."""
-        policy = self._stop_policy(budget, objective, lambda: perf_counter() - clock - self.catch_up_s)
+        policy = self._stop_policy(budget, objective, lambda: self.recorder.clock() - clock - self.catch_up_s)
         pool = self._candidates = Pool()
         frontier, state_rows, fed = first_level(pool)
         ancestors = self._ancestors(policy.cap, frontier.cum.device)

@@ -3,17 +3,17 @@ the cost-aware proposer) with some parts switched on, its drafter and retrievers
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from datastores import DatastoreError, read_store, resolve_store
 from graft_cli.core import discovery
 from graft_cli.catalog import graft_home
-from graft_cli.core import defaults_for, Drafter, DrafterEnv, GraftError, Retriever, RetrieverEnv
-from graft_cli.drafting import AutoBudget, CostAwareProposer, GraftProposer, LatencyModel, Objective, cap, latency_model
+from graft_cli.core import defaults_for, Drafter, DrafterEnv, GraftError, Proposer, Recorder, Retriever, RetrieverEnv
+from graft_cli.drafting import AutoBudget, CostAwareProposer, GraftProposer, LatencyModel, Objective, latency_model
 from graft_cli.method.config import (
-    MethodConfig, budget_for, check, drafting_for, parse_draft, retrievers_for, tree_mode,
+    MethodConfig, check, drafting_for, parse_draft, retrievers_for, sized_per_step, tree_budget, tree_mode,
 )
+from graft_cli.runtime.fixed_target import drafter_shapes
 from graft_cli.runtime.loading import Loaded
+from graft_cli.runtime.target import Target
 
 __all__ = ["MethodConfig", "build", "check_datastore", "load_drafter", "make_drafter", "make_retrievers"]
 
@@ -27,11 +27,13 @@ def load_drafter(kind: str, env: DrafterEnv) -> Drafter:
     return discovery.build(kind, env, discovery.DRAFTERS)
 
 
-def make_drafter(config: MethodConfig, loaded: Loaded) -> Drafter:
-    """The drafter ``--draft`` names, over the drafting settings with the device's defaults filled in."""
+def make_drafter(config: MethodConfig, loaded: Loaded, target: Target | None = None) -> Drafter:
+    """The drafter ``--draft`` names, over the drafting settings with the device's defaults filled in, its levels
+    at fixed shapes when ``target``'s steps are."""
     kind, spec = parse_draft(config.draft)
     settings, prune = drafting_for(config, loaded.device)
-    return load_drafter(kind, DrafterEnv(loaded, spec, settings, prune))
+    shapes = None if target is None else drafter_shapes(target)
+    return load_drafter(kind, DrafterEnv(loaded, spec, settings, prune, shapes))
 
 
 def check_datastore(config: MethodConfig) -> None:
@@ -44,54 +46,42 @@ def check_datastore(config: MethodConfig) -> None:
             raise GraftError(str(e)) from e
 
 
-def build(config: MethodConfig, loaded: Loaded, latency: LatencyModel | None = None) -> GraftProposer | AutoBudget:
-    """The proposer for ``config`` over the target ``loaded``; ``latency``: the measured verification costs when
-    the caller has them (``--budget auto``), else the device's default curve."""
+def build(config: MethodConfig, loaded: Loaded, target: Target | None = None,
+          recorder: Recorder | None = None) -> Proposer:
+    """The proposer for ``config`` over the target ``loaded``: the one builder of a method, whoever runs it (the
+    API and so ``generate`` and ``serve``, ``graft bench``, the scripts). Its drafter follows ``target``'s fixed
+    shapes; ``recorder``: its clock and counters (a fresh one on the wall clock by default)."""
     check(config)
-    if config.budget == "auto":
-        return _build_auto(config, loaded)
-    budget = budget_for(config, loaded.device)
+    recorder = recorder or Recorder()
     if config.method == "ar":
-        return GraftProposer(0)
-    drafter = make_drafter(config, loaded) if config.draft else None
-    names = retrievers_for(config)
+        return GraftProposer(0, recorder=recorder)
+    latency = _latency(config, loaded)
+    budget = tree_budget(config, loaded.device, max(latency.points) if sized_per_step(config) else None)
+    drafter = make_drafter(config, loaded, target) if config.draft else None
     env = RetrieverEnv(vocab_size=loaded.model.config.vocab_size, device=loaded.device, tokenizer=loaded.tokenizer,
                        options=config.options)
-    retrievers = make_retrievers(names, env)
+    retrievers = make_retrievers(retrievers_for(config), env)
     tail = config.drafting.chain
     if drafter is not None and tree_mode(config) == "cost":
-        return _cost_aware(config, loaded, latency, budget, retrievers, drafter)
-    return GraftProposer(budget, retrievers, drafter=drafter, latency=latency or _default_curve(config, loaded),
-                         tail=tail)
+        settings, _ = drafting_for(config, loaded.device)
+        objective = Objective(latency, max_levels=settings.depth, planned=defaults_for(loaded.device).planned_draft)
+        proposer: Proposer = CostAwareProposer(budget, retrievers, drafter=drafter, latency=latency, tail=tail,
+                                               objective=objective, recorder=recorder)
+    else:
+        proposer = GraftProposer(budget, retrievers, drafter=drafter, latency=latency, tail=tail, recorder=recorder)
+    return AutoBudget(proposer, latency) if config.budget == "auto" else proposer
 
 
-def _default_curve(config: MethodConfig, loaded: Loaded) -> LatencyModel:
-    return LatencyModel.default(config.curve or loaded.device)
-
-
-def _cost_aware(config: MethodConfig, loaded: Loaded, measured: LatencyModel | None, budget: int,
-                retrievers: list[Retriever], drafter: Drafter) -> CostAwareProposer:
-    """graft with a drafter: the tree chosen by expected tokens per second, on this model's measured latency
-    (measured once per model and device, then cached), unless another device's curve is asked for."""
-    latency = measured or _default_curve(config, loaded)
-    if measured is None and not config.curve:
+def _latency(config: MethodConfig, loaded: Loaded) -> LatencyModel:
+    """What a verification costs, as the method chooses its trees by: measured on this model and device (once,
+    then cached) for ``--budget auto`` and graft's cost-aware tree, unless another device's curve is asked for;
+    else the device's default curve."""
+    default = LatencyModel.default(config.curve or loaded.device)
+    if config.budget == "auto":
+        return latency_model(loaded)
+    if config.draft and tree_mode(config) == "cost" and not config.curve:
         try:
-            latency = latency_model(loaded)
+            return latency_model(loaded)
         except GraftError:  # a model built in memory has no checksum to file a profile under
             pass
-    settings, _ = drafting_for(config, loaded.device)
-    objective = Objective(latency, max_levels=settings.depth, planned=defaults_for(loaded.device).planned_draft)
-    if config.budget is None:
-        budget = cap(latency)  # the objective sizes every tree; the budget is only its ceiling
-    return CostAwareProposer(budget, retrievers, drafter=drafter, latency=latency, tail=config.drafting.chain,
-                             objective=objective)
-
-
-def _build_auto(config: MethodConfig, loaded: Loaded) -> GraftProposer | AutoBudget:
-    """``--budget auto``: the proposer at a generous cap, on the measured latency model, cut per step by
-    :class:`AutoBudget`. Plain decoding (``ar``) has no tree and needs no profile."""
-    if config.method == "ar":
-        return build(replace(config, budget=0), loaded)
-    latency = latency_model(loaded)
-    inner = build(replace(config, budget=cap(latency)), loaded, latency)  # its own choices use the same costs
-    return AutoBudget(inner, latency)
+    return default

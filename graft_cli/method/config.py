@@ -30,6 +30,7 @@ import difflib
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from graft_cli.core import discovery
 from graft_cli.core.defaults import MAX_LEVELS
@@ -61,6 +62,9 @@ _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.+-]+")  # what a kind looks like: no '/
 
 @dataclass
 class MethodConfig:
+    """A method's settings, each in one type whoever gives it (the command line's text, the API's values, a
+    bench column's): made by :func:`configure`, built into a proposer by ``graft_cli.method.builder.build``."""
+
     method: str = "graft"
     budget: int | str | None = None  # verification nodes per step; None: the device's default; "auto": measured
     retrievers: list[str] | None = None  # None: the method's default list
@@ -71,12 +75,41 @@ class MethodConfig:
     curve: str | None = None  # "cpu" or "cuda": choose trees by that device's default latency curve, not this one's
 
     def __post_init__(self) -> None:
+        self.budget = parse_budget(self.budget)  # text or a number: one type from here on
+        if isinstance(self.retrievers, str):  # "a,b" as the command line gives it
+            self.retrievers = [name for name in self.retrievers.split(",") if name]
         if not isinstance(self.options, Options):  # a plain dict from a caller: the same keys, reads now counted
             self.options = Options(self.options)
         if self.method in ALIASES:  # a vLLM name: graft's method, and the drafter kind the name implies
             self.method, kind = ALIASES[self.method]
             if kind and self.draft and ":" not in self.draft.split("/")[0]:
                 self.draft = f"{kind}:{self.draft}"
+
+
+def configure(method: str = "graft", *, budget: int | str | None = None, retrievers: str | list[str] | None = None,
+              datastore: str | None = None, adjacency_file: str | None = None,
+              retriever_options: dict[str, str] | None = None, draft: str | None = None, tree: str | None = None,
+              curve: str | None = None, **drafting: Any) -> MethodConfig:
+    """The one way a method's settings are made, from the command line, the API, ``graft bench`` and the scripts:
+    ``--datastore`` and ``--adjacency-file`` join the retriever options here, ``drafting`` is any
+    :class:`DraftSettings` field (an unknown one is a GraftError)."""
+    options = retriever_settings(retriever_options, datastore, adjacency_file)
+    try:
+        settings = DraftSettings(**drafting)
+    except TypeError as e:
+        raise GraftError(f"not a drafting setting: {e}") from None
+    return MethodConfig(method, budget, retrievers, options, draft, settings, tree, curve)
+
+
+def retriever_settings(options: dict[str, str] | None, datastore: str | None = None,
+                       adjacency_file: str | None = None) -> Options:
+    """The options every retriever is built with: ``--retriever-opt`` pairs, with ``--datastore`` and
+    ``--adjacency-file`` joining them here (and nowhere else)."""
+    joined = Options(options or {})
+    for key, value in (("datastore", datastore), ("adjacency_file", adjacency_file)):
+        if value:
+            joined[key] = str(value)
+    return joined
 
 
 def parse_budget(value: str | int | None) -> int | str | None:
@@ -158,23 +191,21 @@ def tree_mode(config: MethodConfig) -> str:
     return "cost" if config.method == "graft" and config.draft else "fixed"
 
 
-def budget_for(config: MethodConfig, device: str) -> int:
-    """Verified nodes per step for a number or the device's default (``auto`` is resolved by measuring)."""
-    budget = config.budget if config.budget is not None else defaults_for(device).budget
-    if budget < 0:
-        raise GraftError("--budget must be >= 0")
-    return budget
+def sized_per_step(config: MethodConfig) -> bool:
+    """Whether each step sizes its own tree: ``--budget auto``, or graft's cost-aware tree without a number."""
+    return config.budget == "auto" or (config.budget is None and tree_mode(config) == "cost")
 
 
-def tree_reach(config: MethodConfig, device: str) -> int:
-    """How far past the last accepted token a method reaches: its budget in tree nodes bounds both the depth
-    (positions) and the rows (cache) of any tree it verifies. A measured or cost-chosen tree is capped by the
-    widest forward the latency profile measures, root included."""
+def tree_budget(config: MethodConfig, device: str, widest: int | None = None) -> int:
+    """Verified tree nodes per step at most, resolved here and nowhere else: the number given, else the device's
+    default; a tree sized per step is capped by the widest forward measured (``widest`` rows, root included: the
+    latency model's, else the profile's sizes). It also bounds how far past the last accepted token a method
+    reaches, in positions and in cache rows."""
     if config.method == "ar":
         return 0
-    if config.budget == "auto" or (config.budget is None and tree_mode(config) == "cost"):
-        return max(defaults_for(device).profile_sizes) - 1
-    return budget_for(config, device)
+    if sized_per_step(config):
+        return (widest or max(defaults_for(device).profile_sizes)) - 1
+    return config.budget if config.budget is not None else defaults_for(device).budget
 
 
 def drafting_for(config: MethodConfig, device: str) -> tuple[DraftSettings, PruneSchedule | None]:

@@ -11,7 +11,7 @@ from graft_cli.runtime.graphs import Capture
 from graft_cli.runtime.half_linear import HalfLinear, half_available, half_copy, to_half
 from graft_cli.runtime.loading import Loaded, load_model
 from graft_cli.runtime.sampling import Sampling
-from graft_cli.runtime.target import Forward, Outcome, Target, on
+from graft_cli.runtime.target import Forward, Rule, Target, on
 
-__all__ = ["Capture", "CpuLinear", "Forward", "HalfLinear", "Loaded", "Outcome", "Sampling", "Target", "decode",
+__all__ = ["Capture", "CpuLinear", "Forward", "HalfLinear", "Loaded", "Rule", "Sampling", "Target", "decode",
            "half_available", "half_copy", "load_model", "loading", "on", "to_half", "token_ranking", "use_cpu_linears"]

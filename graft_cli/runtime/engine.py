@@ -1,20 +1,18 @@
 """The decoding loop every method shares: propose a tree, verify it in one forward, accept, repeat.
 
-Plain decoding is the same loop with a proposer that never proposes anything.
+Plain decoding is the same loop with a proposer that never proposes anything. The loop reads what the proposer
+needs of each step once, at the start of the request (``Proposer.needs``), and the target makes each step's one
+record (``Target.start``, ``Target.step``); the seconds of every phase are kept by :class:`Phases`, on the clock of
+the recorder it was handed, so the loop itself is only the algorithm.
 """
 
 from __future__ import annotations
 
-from functools import partial
-from time import perf_counter
 from typing import Iterator, Sequence
 
-import torch
-
-from graft_cli.core import ROOM, Proposer, Stats, Step, Stopwatch, Tree
+from graft_cli.core import ROOM, Proposer, Stats, Step, Tree
 from graft_cli.runtime.sampling import Noise, Sampling
-from graft_cli.runtime.target import Ahead, Forward, Outcome, Target
-from graft_cli.runtime.verify import accept
+from graft_cli.runtime.target import Rule, Target
 
 
 def decode(
@@ -28,67 +26,59 @@ def decode(
     stats: Stats | None = None,
 ) -> Iterator[list[int]]:
     """Yield the new tokens of each step; stops after a stop token or exactly ``max_new_tokens`` tokens. Sampled
-    text is a function of ``seed`` (with the model, prompt and sampling settings) alone, whatever the proposer."""
-    stats = stats if stats is not None else Stats()
-    started = perf_counter()
+    text is a function of ``seed`` (with the model, prompt and sampling settings) alone, whatever the proposer.
+    Phases are timed on the proposer's clock (its recorder's), counted into ``stats``."""
+    phases = Phases(target, proposer, stats if stats is not None else Stats())
     if max_new_tokens <= 0:
         return
-    watch = Stopwatch(stats.times)  # prefill, start (a draft model's own prefill, indexing), then each step's phases
     noise = None if sampling.greedy else Noise(0 if seed is None else seed, target.device)
-    capacity = len(prompt) + max_new_tokens + ROOM  # the caches of target and draft are reserved once
-    # None: verified here, accepted on the host; else with the top-k a retriever learns from, in the step's read
-    successors, layers = getattr(proposer, "successors", 0), getattr(proposer, "feature_layers", ())
-    # a proposer that drafts the next step before a step's read, to read both at once (the fixed-shape path)
-    ahead: Ahead | None = getattr(proposer, "ahead", None)
-    device_step = target.device_step(sampling, noise, successors, layers, ahead is not None)
-    prefill = _prefill(target, proposer, prompt, sampling, noise, capacity, ahead if device_step else None)
-    context, new = prefill.context, list(prefill.accepted)
-    watch.lap("prefill")
-    proposer.start(prompt, prefill, capacity)
-    watch.lap("start")
+    rule = target.rule(sampling, noise, proposer.needs, len(prompt))
+    step = phases.start(prompt, rule, len(prompt) + max_new_tokens + ROOM)  # caches reserved once a request
     while True:
-        new = _clip(new, max_new_tokens - stats.new_tokens, stop_ids)
-        stats.new_tokens += len(new)
-        stats.wall = perf_counter() - started
+        new = _clip(step.accepted, max_new_tokens - phases.stats.new_tokens, stop_ids)
+        phases.emitted(new)
         yield new
-        if new[-1] in stop_ids or stats.new_tokens >= max_new_tokens:
+        if new[-1] in stop_ids or phases.stats.new_tokens >= max_new_tokens:
             return
-        watch.restart()
-        tree = proposer.propose(context, stats).within(target.vocab_size)  # a plugin's bad ids never reach the model
-        watch.lap("propose")
-        if device_step is None:
-            out = target.verify(context[-1], tree, hidden=proposer.wants_hidden)
-            watch.lap("verify")
-            result = accept(tree, out.logits, sampling, noise, len(context) - len(prompt))
-            target.keep(result.rows(), len(tree) + 1)
-        else:  # the fixed-shape path: accepted and compacted on the device, read once
-            out, result = device_step(context[-1], tree, proposer.wants_hidden, len(context) - len(prompt), ahead)
-            watch.lap("verify")
-        rows = result.rows()
-        new = [tree.nodes[i].token for i in result.nodes] + [result.bonus]
-        context.extend(new)
-        watch.lap("accept")
-        proposer.observe(Step(context, new, tree, rows, out.logits, out.hidden, out.successors, out.features,
-                              out.ahead))
-        watch.lap("update")
-        stats.count_step(tree, result.nodes)
+        tree = phases.propose(step.context)
+        step = phases.verify(step.context, tree, rule)
+        phases.observe(step)
 
 
-def _prefill(target: Target, proposer: Proposer, prompt: Sequence[int], sampling: Sampling, noise: Noise | None,
-             capacity: int, ahead: Ahead | None) -> Step:
-    """The prompt's forward and its token, read once with (asked for) its row's top-k and the first draft queued
-    ``ahead``: the prefill's Step."""
-    layers = getattr(proposer, "feature_layers", ())
-    out = target.prefill(list(prompt), proposer.wants_hidden, capacity)
-    queue = None if ahead is None else partial(_prefill_ahead, ahead, prompt, out, layers, capacity)
-    first, top, landed = target.first(out.logits[-1], sampling, noise, getattr(proposer, "successors", 0), queue)
-    return Step([*prompt, first], [first], Tree(), list(range(len(prompt))), out.logits, out.hidden, top, ahead=landed)
+class Phases:
+    """The loop's calls, each timed into its phase of the request's stats: prefill, start (a draft model's own
+    prefill, indexing), then each step's propose, verify (the forward, acceptance and the cache kept) and update."""
 
+    def __init__(self, target: Target, proposer: Proposer, stats: Stats) -> None:
+        self.target, self.proposer, self.recorder, self.stats = target, proposer, proposer.recorder, stats
+        self.recorder.begin(stats)
+        self.began = self.recorder.clock()
 
-def _prefill_ahead(ahead: Ahead, prompt: Sequence[int], out: Forward, layers: Sequence[int], capacity: int,
-                   choice: torch.Tensor) -> torch.Tensor | None:
-    """What ``ahead`` queues from the prefill, its token ``choice`` still on the device."""
-    return ahead(Outcome.of_prefill(prompt, out, layers, choice, capacity))
+    def start(self, prompt: Sequence[int], rule: Rule, capacity: int) -> Step:
+        with self.recorder.timed("prefill"):
+            step = self.target.start(prompt, rule, capacity)
+        with self.recorder.timed("start"):
+            self.proposer.start(prompt, step, capacity)
+        return step
+
+    def propose(self, context: list[int]) -> Tree:
+        with self.recorder.timed("propose"):  # a plugin's bad ids never reach the model
+            return self.proposer.propose(context).within(self.target.vocab_size)
+
+    def verify(self, context: list[int], tree: Tree, rule: Rule) -> Step:
+        with self.recorder.timed("verify"):
+            step = self.target.step(context, tree, rule)
+        self.stats.count_step(step)
+        return step
+
+    def observe(self, step: Step) -> None:
+        with self.recorder.timed("update"):
+            self.proposer.observe(step)
+
+    def emitted(self, tokens: list[int]) -> None:
+        """``tokens`` went out: counted, and the request's wall time so far."""
+        self.stats.new_tokens += len(tokens)
+        self.stats.wall = self.recorder.clock() - self.began
 
 
 def _clip(tokens: list[int], room: int, stop_ids: set[int]) -> list[int]:

@@ -5,8 +5,8 @@ A step writes the bucket's static inputs (one host-to-device copy), runs the ver
 forward, graft_cli/runtime/fixed_shapes.py) and the acceptance region (graft_cli/runtime/device_accept.py: the
 target's choices, the accepted path, the KV rows moved into place), then reads ``[count, bonus, rows]`` once: the
 only point where the host waits for the device. A proposer that drafts ahead (``ahead``: the cost-aware builder
-over a head or a draft model) queues the next draft between the acceptance and the read, from the unread result
-(:class:`~graft_cli.runtime.target.Outcome`), and what it queued comes back in the same read. Verification is
+over a head or a draft model, ``Needs.queue``) queues the next draft between the acceptance and the read, from the
+unread result (:class:`~graft_cli.core.Outcome`), and what it queued comes back in the same read. Verification is
 captured per (bucket, keys read, hidden states wanted) and acceptance per (the same, and the sampling settings),
 so a new temperature records a small graph, never the model again; both keys carry the addresses they recorded
 (the KV block, the noise ring), and a cache that grows drops them.
@@ -19,35 +19,20 @@ falls back to the eager verification and the host's acceptance (with the same no
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from functools import partial
-from typing import Callable
+from typing import Sequence
 
 import numpy as np
 import torch
 
-from graft_cli.core import defaults_for, GraftError, Tree
+from graft_cli.core import defaults_for, GraftError, Needs, Outcome, Shapes, Step, Tree
 from graft_cli.runtime.device_accept import NoiseRing, accepted_rows, choose, compact, following, top_k_rows
 from graft_cli.runtime.fixed_shapes import BUCKETS, Padded, StaticInputs, bucket, key_rows, padded_forward
 from graft_cli.runtime.graphs import Capture, CudaCapture, Graphs
 from graft_cli.runtime.sampling import Noise, Sampling, chosen
-from graft_cli.runtime.target import (PREFILL_CHUNK, Ahead, DeviceStep, Forward, Layers, Outcome, Progress, Target,
-                                      input_device)
-from graft_cli.runtime.verify import Accepted, accept
+from graft_cli.runtime.target import PREFILL_CHUNK, Forward, Layers, Progress, Rule, Target, input_device, verified
 
 SWITCH = ("auto", "on", "off")  # --graphs
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One request's choices and reads: its sampling settings, its noise ring, the top-k every row also reads
-    (0: none), the hidden layers whose states the accepted rows hand a drafter (none: every layer, ungathered)."""
-
-    sampling: Sampling
-    ring: NoiseRing | None
-    successors: int
-    layers: tuple[int, ...] = ()  # the hidden layers a drafter reads: gathered for the accepted rows
-    ahead: bool = False  # whether a proposer queues the next draft before the read (the path's tokens handed over)
 
 
 class FixedShapeTarget(Target):
@@ -73,93 +58,88 @@ class FixedShapeTarget(Target):
             self.layout = layout
         return out
 
+    def rule(self, sampling: Sampling, noise: Noise | None, needs: Needs, prompt: int) -> Rule:
+        """The request's noise kept in a ring a graph reads (the same rows, by position)."""
+        ring = None if noise is None else NoiseRing(noise, self.vocab_size, max(self.buckets) + 1)
+        return Rule(sampling, ring, needs, prompt)
+
     @torch.inference_mode()
-    def first(self, logits: torch.Tensor, sampling: Sampling, noise: Noise | None, successors: int = 0,
-              ahead: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
-              ) -> tuple[int, np.ndarray | None, list[float] | None]:
-        """The prefill's token, (asked for) its row's top-k and what ``ahead`` queues from the token, in one read,
-        so that a request's first step, like every other, reads the device once."""
-        if not successors and ahead is None:
-            return super().first(logits, sampling, noise)
-        choice = chosen(logits, sampling, noise, 0)
-        top = top_k_rows(logits[None, : self.text_vocab], successors) if successors else choice[:0]
-        queued = ahead(choice) if ahead is not None else None
+    def first(self, prompt: Sequence[int], out: Forward, rule: Rule,
+              capacity: int) -> tuple[int, np.ndarray | None, list[float] | None]:
+        """The prefill's token, (needed) its row's top-k and what ``Needs.queue`` queues from the token, in one
+        read, so that a request's first step, like every other, reads the device once."""
+        needs = rule.needs
+        if not needs.successors and needs.queue is None:
+            return super().first(prompt, out, rule, capacity)
+        choice = chosen(out.logits[-1], rule.sampling, rule.noise, 0)
+        top = top_k_rows(out.logits[-1:, : self.text_vocab], needs.successors) if needs.successors else choice[:0]
+        queued = None if needs.queue is None else needs.queue(prefill_outcome(prompt, out, needs.layers, choice,
+                                                                              capacity))
         parts = [choice.double(), top.flatten().double(), *(() if queued is None else (queued.double(),))]
         read = torch.cat(parts).to("cpu").numpy()
         k = top.numel()
-        return (int(read[0]), read[1 : 1 + k].reshape(1, -1).astype(np.float32) if successors else None,
+        return (int(read[0]), read[1 : 1 + k].reshape(1, -1).astype(np.float32) if needs.successors else None,
                 None if queued is None else read[1 + k :].tolist())
 
-    def device_step(self, sampling: Sampling, noise: Noise | None, successors: int = 0,
-                    layers: tuple[int, ...] = (), ahead: bool = False) -> DeviceStep:
-        ring = None if noise is None else NoiseRing(noise, self.vocab_size, max(self.buckets) + 1)
-        return partial(self.step, rule=Rule(sampling, ring, successors, tuple(layers), ahead))
-
     @torch.inference_mode()
-    def step(self, root: int, tree: Tree, hidden: bool, position: int, ahead: Ahead | None = None, *,
-             rule: Rule) -> tuple[Forward, Accepted]:
-        """Verify ``root`` + ``tree`` and accept on the device; ``position``: the generated-token index the
-        root's row chooses (its noise row when sampling); ``ahead``: what to queue from the unread result (the
-        next draft), read with it."""
-        rows, past, ring = len(tree) + 1, self.length, rule.ring
+    def step(self, context: list[int], tree: Tree, rule: Rule) -> Step:
+        """Verify ``tree`` after ``context`` and accept on the device; what ``Needs.queue`` queues from the unread
+        result (the next draft) is read with it."""
+        rows, past, ring, needs = len(tree) + 1, self.length, rule.noise, rule.needs
         size, capacity = bucket(rows, self.buckets), self.cache.layers[0].keys.shape[2]
-        if past + size > capacity:  # no room to pad: the eager step
-            return self._eager(root, tree, hidden, position, rule)  # nothing queued ahead: drafted after it
+        if past + size > capacity:  # no room to pad: the eager step (nothing queued: drafted after it)
+            return super().step(context, tree, rule)
         keys = key_rows(past + size, capacity)
         inputs = self.inputs.get(size) or self.inputs.setdefault(size, StaticInputs(size, self.device))
-        depths = tree.depths()
+        depths, position = tree.depths(), rule.position(context)
         if ring is not None:
             ring.fill(position, position + int(depths.max()) + 1)
-        inputs.write(root, tree, depths, past, position, ring.size if ring is not None else 1)
+        inputs.write(context[-1], tree, depths, past, position, ring.size if ring is not None else 1)
         captured = size in self.buckets  # a tree past the largest bucket runs at its own size, eagerly
-        layers = rule.layers if hidden else ()
+        hidden = needs.hidden
+        layers = needs.layers if hidden else ()
         with self.kernels:  # set while a graph records: what it records is what replays
             padded = self.graphs.run(("verify", size, hidden, layers, keys, self.layout) if captured else None,
                                      partial(padded_forward, self.model, self.cache, self.cached, inputs, hidden,
                                              keys, layers))
         noise = None if ring is None else ring.rows
-        key = ("accept", size, keys, hidden, layers, rule.sampling, rule.successors, rule.ahead, self.layout,
-               None if noise is None else noise.data_ptr())
+        key = ("accept", size, keys, hidden, layers, rule.sampling, needs.successors, needs.queue is not None,
+               self.layout, None if noise is None else noise.data_ptr())
         packed, features, path = self.graphs.run(key if captured else None,
-                                                 partial(self._accept_region, inputs, padded, rule, noise))
+                                                 partial(self._accept_region, inputs, padded, needs, rule.sampling,
+                                                         noise))
         queued = None
-        if ahead is not None and path is not None and (features is not None or not hidden):
-            queued = ahead(Outcome(path[:1], path[1:], features))
+        if needs.queue is not None and path is not None and (features is not None or not hidden):
+            queued = needs.queue(Outcome(path[:1], path[1:], features))
         # the step's one read: how many rows, the bonus, the rows, the top-k; then what was queued ahead
         read = (packed if queued is None else torch.cat([packed.double(), queued.double()])).to("cpu").numpy()
-        count, bonus = int(read[0]), int(read[1])
+        count = int(read[0])
         self.length = past + count
         self.cache.settle(self.length)
-        states = Layers(padded.hidden, self.device, rows) if hidden and not layers else None
         top = None
-        if rule.successors:
+        if needs.successors:
             top = read[2 + size : packed.shape[0]].reshape(size, -1)[:rows].astype(np.float32)
-        landed = None if queued is None else read[packed.shape[0] :].tolist()
-        return (Forward(padded.logits[:rows], states, top, None if features is None else features[:count], landed),
-                Accepted((read[3 : 2 + count].astype(np.int64) - 1).tolist(), bonus))
+        return verified(context, tree, (read[3 : 2 + count].astype(np.int64) - 1).tolist(), int(read[1]),
+                        logits=padded.logits[:rows],
+                        hidden=Layers(padded.hidden, self.device, rows) if hidden and not layers else None,
+                        successors=top, features=None if features is None else features[:count],
+                        queued=None if queued is None else read[packed.shape[0] :].tolist())
 
-    def _accept_region(self, inputs: StaticInputs, padded: Padded, rule: Rule,
+    def _accept_region(self, inputs: StaticInputs, padded: Padded, needs: Needs, sampling: Sampling,
                        noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """The target's choices, the accepted rows, the cache compacted to them, and (asked for) every row's
         top-k, the accepted rows' features gathered in path order and ``[count, the token after each]`` (what
         :class:`Outcome` hands a draft queued ahead): what an acceptance graph captures."""
         logits = padded.logits
         rows = None if noise is None else noise.index_select(0, inputs.slots)
-        packed = accepted_rows(choose(logits, rule.sampling, rows), inputs)
+        packed = accepted_rows(choose(logits, sampling, rows), inputs)
         compact(self._blocks(), inputs, packed[2:])
         features = None if padded.features is None else padded.features.index_select(0, packed[2:])
-        path = torch.cat([packed[:1], following(packed, inputs)]) if rule.ahead else None
-        if not rule.successors:
+        path = torch.cat([packed[:1], following(packed, inputs)]) if needs.queue is not None else None
+        if not needs.successors:
             return packed, features, path
-        top = top_k_rows(logits[:, : self.text_vocab], rule.successors)
+        top = top_k_rows(logits[:, : self.text_vocab], needs.successors)
         return torch.cat([packed.double(), top.flatten().double()]), features, path
-
-    def _eager(self, root: int, tree: Tree, hidden: bool, position: int, rule: Rule) -> tuple[Forward, Accepted]:
-        """A step the buckets cannot hold: the eager verification and the host's acceptance (the same noise)."""
-        out = self.verify(root, tree, hidden)
-        result = accept(tree, out.logits, rule.sampling, rule.ring, position)  # type: ignore[arg-type]  # ring: at()
-        self.keep(result.rows(), len(tree) + 1)
-        return out, result
 
     def _blocks(self) -> list[torch.Tensor]:
         """Every KV block of the cache (one shared block, and a layer's own where its keys did not fit it)."""
@@ -187,3 +167,25 @@ def make_target(model: torch.nn.Module, switch: str = "auto", chunk: int = PREFI
         print("graft: --graphs: a model sharded over devices verifies on the eager path", file=sys.stderr)
         return eager(model, chunk, progress)
     return fixed(model, chunk, progress, CudaCapture() if device.type == "cuda" else None)
+
+
+def prefill_outcome(prompt: Sequence[int], out: Forward, layers: Sequence[int], choice: torch.Tensor,
+                    capacity: int) -> Outcome:
+    """The prefill's result before its read: each prompt row with the token after it, the last with the prefill's
+    own choice ``[1]`` (still on the device), and those rows' states of ``layers``."""
+    device = choice.device
+    tokens = torch.cat([torch.tensor(list(prompt[1:]), dtype=torch.long, device=device), choice])
+    features = None
+    if layers and out.hidden is not None:
+        features = torch.cat([out.hidden[i] for i in layers], dim=-1)
+    return Outcome(torch.tensor([len(prompt)], device=device), tokens, features, capacity)
+
+
+def drafter_shapes(target: Target) -> Shapes | None:
+    """How a drafter's levels follow ``target``: at fixed shapes when its steps are, captured into a memory pool of
+    the drafter's own (a draft queued before a step's read replays between the acceptance graph and the read, so
+    its graphs must never reuse the memory of the target's outputs); None on the eager path."""
+    if not isinstance(target, FixedShapeTarget):
+        return None
+    capture = target.graphs.capture
+    return Shapes(capture.apart() if isinstance(capture, CudaCapture) else capture)

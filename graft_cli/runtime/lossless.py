@@ -26,11 +26,9 @@ from typing import Any, Sequence
 
 import torch
 
+from graft_cli.core import Step, Tree
 from graft_cli.runtime.fixed_target import FixedShapeTarget
-from graft_cli.runtime.sampling import Noise, Sampling
-from graft_cli.runtime.target import Ahead, DeviceStep, Forward, Target
-from graft_cli.runtime.verify import Accepted
-from graft_cli.core import Tree
+from graft_cli.runtime.target import Rule, Target
 
 TIE_TOLERANCE = {"float32": 1e-3, "float16": 0.25, "bfloat16": 1.5}
 
@@ -69,28 +67,14 @@ class MarginTarget(Target):
         super().__init__(model, *args, **kwargs)
         self._margins: list[torch.Tensor] = []
 
-    def prefill(self, ids: list[int], hidden: bool = False, capacity: int | None = None) -> Forward:
-        out = super().prefill(ids, hidden, capacity)
-        self._margins = [_margin(out.logits[-1])]
-        return out
+    def start(self, prompt: Sequence[int], rule: Rule, capacity: int) -> Step:
+        step = super().start(prompt, rule, capacity)
+        self._margins = [_margin(step.logits[-1])]
+        return step
 
-    def verify(self, root: int, tree: Tree, hidden: bool = False) -> Forward:
-        out = super().verify(root, tree, hidden)
-        self._margins.append(_margin(out.logits[0]))  # the root's row: the next token of plain decoding
-        return out
-
-    def device_step(self, sampling: Sampling, noise: Noise | None, successors: int = 0,
-                    layers: tuple[int, ...] = (), ahead: bool = False) -> DeviceStep | None:
-        """The fixed-shape path's step, keeping the root row's margin as :meth:`verify` does."""
-        inner = super().device_step(sampling, noise, successors, layers, ahead)
-        if inner is None:
-            return None
-
-        def step(root: int, tree: Tree, hidden: bool, position: int, queue: Ahead | None = None,
-                 ) -> tuple[Forward, Accepted]:
-            out, result = inner(root, tree, hidden, position, queue)
-            self._margins.append(_margin(out.logits[0]))
-            return out, result
+    def step(self, context: list[int], tree: Tree, rule: Rule) -> Step:
+        step = super().step(context, tree, rule)
+        self._margins.append(_margin(step.logits[0]))  # the root's row: the next token of plain decoding
         return step
 
     def margins(self) -> list[float]:

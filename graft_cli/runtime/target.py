@@ -11,7 +11,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.util import find_spec
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -20,8 +20,8 @@ from graft_cli.runtime.attention import use_split_attention
 from graft_cli.runtime.attention_kernels import attention_kernels
 from graft_cli.runtime.kv_cache import PositionCache, cache_keyword
 from graft_cli.runtime.sampling import Noise, Sampling, pick
-from graft_cli.runtime.verify import Accepted
-from graft_cli.core import ROOM, Tree
+from graft_cli.runtime.verify import accept
+from graft_cli.core import ROOM, Needs, Step, Tree
 
 PREFILL_CHUNK = 512  # prompt tokens per prefill forward (see docs/benchmarks.md, "Long context")
 Progress = Callable[[int, int], None]  # (prompt tokens prefilled so far, prompt length): at 0, then per chunk
@@ -29,44 +29,34 @@ Progress = Callable[[int, int], None]  # (prompt tokens prefilled so far, prompt
 
 @dataclass
 class Forward:
+    """A forward's outputs, on the input device: what the prefill and a verification return."""
+
     logits: torch.Tensor  # [T, V] for the T fed positions
     hidden: Sequence[torch.Tensor] | None  # per-layer hidden states [T, H] when asked for
-    successors: np.ndarray | None = None  # [T, 2k] top-k ids and probabilities, read with the step (Step's)
-    features: torch.Tensor | None = None  # the kept rows' named layers, gathered on the device (Step's)
-    ahead: list[float] | None = None  # what a proposer queued before the read, read with it (Step's)
 
 
-@dataclass
-class Outcome:
-    """A step's result while it is still on the device: what a drafter needs to draft the next step before the
-    host reads this one, so that both come back in the step's one read (the fixed-shape path).
+@dataclass(frozen=True)
+class Rule:
+    """One request's choices and reads: its sampling settings and noise (a fixed-shape target's: a ring of the same
+    rows), the prompt's length (a row's generated-token index is its position past it), and what the proposer
+    needs of each step."""
 
-    ``count`` ``[1]``: the rows the accepted path keeps, the root's included; ``tokens`` ``[R]``: the token that
-    followed each of those rows (the accepted tokens, then the bonus), padded past ``count``; ``features``
-    ``[R, F]``: those rows' states of the drafter's layers, in the same order."""
+    sampling: Sampling
+    noise: Noise | None
+    needs: Needs
+    prompt: int
 
-    count: torch.Tensor
-    tokens: torch.Tensor
-    features: torch.Tensor | None
-    start: int = 0  # a request's prefill (every prompt row, unpadded): the capacity the request reserves
-
-    @classmethod
-    def of_prefill(cls, prompt: Sequence[int], out: Forward, layers: Sequence[int], choice: torch.Tensor,
-                   capacity: int) -> Outcome:
-        """The prefill's result before its read: each prompt row with the token after it, the last with the
-        prefill's own choice ``[1]`` (still on the device)."""
-        device = choice.device
-        tokens = torch.cat([torch.tensor(list(prompt[1:]), dtype=torch.long, device=device), choice])
-        features = None
-        if layers and out.hidden is not None:
-            features = torch.cat([out.hidden[i] for i in layers], dim=-1)
-        return cls(torch.tensor([len(prompt)], device=device), tokens, features, capacity)
+    def position(self, context: Sequence[int]) -> int:
+        """The generated-token index the root row of a step after ``context`` chooses (its noise row)."""
+        return len(context) - self.prompt
 
 
-# queued before a step's read; returns device values to read with it (None: nothing)
-Ahead = Callable[[Outcome], "torch.Tensor | None"]
-# (root, tree, hidden wanted, the root row's generated-token index, ahead) -> the outputs and what it accepted
-DeviceStep = Callable[[int, Tree, bool, int, "Ahead | None"], tuple[Forward, Accepted]]
+def verified(context: list[int], tree: Tree, nodes: Sequence[int], bonus: int, **outputs: Any) -> Step:
+    """The Step of a verification that accepted ``nodes`` and ``bonus``: ``context`` grows in place, so a part
+    that keeps it (a draft model's next-turn reuse) sees the whole request."""
+    new = [tree.nodes[i].token for i in nodes] + [bonus]
+    context.extend(new)
+    return Step(context, new, tree, [0, *(i + 1 for i in nodes)], **outputs)
 
 
 def on(x: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -177,22 +167,31 @@ class Target:
         self.length = past + n
         return self._forward(out, hidden)
 
-    def first(self, logits: torch.Tensor, sampling: Sampling, noise: Noise | None, successors: int = 0,
-              ahead: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
-              ) -> tuple[int, np.ndarray | None, list[float] | None]:
-        """The prefill's token from its last row of logits ``[V]``; here one read, no top-k (a retriever that
-        learns from it computes its own on the device, read with its next lookup) and nothing queued ahead
-        (the fixed-shape path's: ``ahead`` takes the token on the device and returns what to read with it)."""
-        return pick(logits, sampling, noise, 0), None, None
+    def rule(self, sampling: Sampling, noise: Noise | None, needs: Needs, prompt: int) -> Rule:
+        """A request's rule: how its steps choose and what they read."""
+        return Rule(sampling, noise, needs, prompt)
 
-    def device_step(self, sampling: Sampling, noise: Noise | None, successors: int = 0,
-                    layers: tuple[int, ...] = (), ahead: bool = False) -> DeviceStep | None:
-        """A verification that accepts on the device and compacts its own cache, for one request (the
-        fixed-shape path, graft_cli/runtime/fixed_target.py; ``successors``: the top-k of every row it also
-        reads, for Token Recycling; ``layers``: the hidden layers a drafter reads, gathered for the accepted
-        rows on the device; ``ahead``: a proposer queues the next draft before each read); None here: the loop
-        verifies, accepts on the host (``verify.accept``) and calls :meth:`keep`."""
-        return None
+    @torch.inference_mode()
+    def start(self, prompt: Sequence[int], rule: Rule, capacity: int) -> Step:
+        """A request of up to ``capacity`` positions: the prompt's forward and its token, the prefill's Step."""
+        out = self.prefill(list(prompt), rule.needs.hidden, capacity)
+        first, top, queued = self.first(prompt, out, rule, capacity)
+        return Step([*prompt, first], [first], Tree(), list(range(len(prompt))), out.logits, out.hidden, top,
+                    queued=queued)
+
+    def first(self, prompt: Sequence[int], out: Forward, rule: Rule,
+              capacity: int) -> tuple[int, np.ndarray | None, list[float] | None]:
+        """The prefill's token from its last row; here one read, no top-k (a retriever that learns from it computes
+        its own on the device, read with its next lookup) and nothing queued (the fixed-shape path's)."""
+        return pick(out.logits[-1], rule.sampling, rule.noise, 0), None, None
+
+    def step(self, context: list[int], tree: Tree, rule: Rule) -> Step:
+        """Verify ``tree`` after ``context`` in one forward, accept on the host (``verify.accept``) and keep the
+        accepted rows: the step's record."""
+        out = self.verify(context[-1], tree, rule.needs.hidden)
+        result = accept(tree, out.logits, rule.sampling, rule.noise, rule.position(context))
+        self.keep(result.rows(), len(tree) + 1)
+        return verified(context, tree, result.nodes, result.bonus, logits=out.logits, hidden=out.hidden)
 
     @torch.inference_mode()
     def keep(self, rows: list[int], fed: int) -> None:

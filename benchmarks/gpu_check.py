@@ -22,9 +22,9 @@
    plain decoding against its bandwidth floor, verification by tree size, an 8B-shaped EAGLE-3 head level and
    draft, host time and reads per step with a head, and every method's tokens against the eager path in fp32.
 
-    python benchmarks/gpu_check.py            # on a CUDA machine; prints one table, exit 1 if a check failed
-    python benchmarks/gpu_check.py --smoke    # the same code on the CPU with tiny models (CI: under a minute)
-    python benchmarks/gpu_check.py --skip sampling,latency --out DIR   # a shorter second look, kept in DIR
+    python -m benchmarks.gpu_check            # on a CUDA machine; prints one table, exit 1 if a check failed
+    python -m benchmarks.gpu_check --smoke    # the same code on the CPU with tiny models (CI: under a minute)
+    python -m benchmarks.gpu_check --skip sampling,latency --out DIR   # a shorter second look, kept in DIR
 
 In bf16 the synthetic model's logits (around 16-32, where bf16 steps by 0.125) tie often, and a tie ends what
 the greedy check can compare. So a bf16/fp16 run follows with the same greedy check in fp32 on the same device
@@ -53,7 +53,6 @@ import torch
 from torch.nn.attention import SDPBackend
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-
 from graft_cli.core import DEFAULT_SCHEDULE, DraftSettings
 from graft_cli.method import builder as methods
 from graft_cli.runtime.attention_kernels import attention_kernels
@@ -70,7 +69,8 @@ from graft_cli.runtime.sampling import Sampling, probabilities
 from graft_cli.bench.synthetic import method_configs, random_tree, synthetic_models, text_store
 from graft_cli.runtime.target import Target
 
-import gpu_fixed
+from benchmarks import gpu_fixed
+from benchmarks.host_overhead import measure
 
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                  num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0)
@@ -323,8 +323,6 @@ def check_host_overhead(table: Table, device: str, dtype: str, scale: Scale) -> 
     """Host milliseconds and device reads per step of graft with a draft model at the CUDA defaults (budget 60,
     depth 7, draft top-k 8, prompt lookup and recycling), the forwards played back (benchmarks/host_overhead.py):
     on a GPU, what the host costs each verification. Reported, not checked: a speed is a benchmark's."""
-    from host_overhead import measure
-
     with tempfile.TemporaryDirectory(prefix="graft-gpu-check-") as tmp:
         target_dir, _ = synthetic_dirs(Path(tmp), scale)
         loaded = load_model(str(target_dir), device, dtype)

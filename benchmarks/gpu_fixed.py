@@ -15,7 +15,7 @@ on a GPU and that it changes no token. ``--smoke`` runs the same code on a CPU, 
 - ``fixed-shape METHOD (float32)``: every method on the path (its draft levels included) against the eager path,
   token for token, on the tiny synthetic models.
 
-``python benchmarks/gpu_fixed.py --profile`` prints, for a GPU session's diagnosis, where a one-token step's and a
+``python -m benchmarks.gpu_fixed --profile`` prints, for a GPU session's diagnosis, where a one-token step's and a
 head level's device time goes (torch's profiler, eager and on the path). Both need graft installed where they run
 (``pip install --no-deps .``: the methods find their drafters through its entry points).
 """
@@ -49,6 +49,8 @@ from graft_cli.runtime.target import Target
 from graft_cli.runtime.verify import accept
 from graft_cli.bench.synthetic import method_configs, random_tree, synthetic_models, text_store
 from plugins.eagle3 import Eagle3Drafter
+
+from benchmarks.host_overhead import measure
 
 SIZES = (1, 16, 32, 64, 128)  # tokens a verification feeds, root included
 GPU_COPY, SMOKE_COPY = 1 << 30, 1 << 24  # bytes the bandwidth is measured over
@@ -194,8 +196,6 @@ def check_host(table, device: str, dtype: str, target_dir: Path, head_dir: Path,
                new_tokens: int) -> None:
     """Host time not overlapped with the device, and blocking reads, per step of graft with an EAGLE-3 head on
     the fixed-shape path at the CUDA defaults (benchmarks/host_overhead.py)."""
-    from host_overhead import measure  # lazy: a neighbour script, on the path only where it runs
-
     loaded = load_model(str(target_dir), device, dtype)
     config = methods.MethodConfig(
         "graft", budget=60, retrievers=["prompt", "recycling"], draft=f"eagle3:{head_dir}",
@@ -246,7 +246,7 @@ def check_all(table, device: str, dtype: str, scale, prompts: list[list[int]]) -
 
 def profile(device: str, shape: dict, dtype: torch.dtype, past: int = 512) -> None:
     """Where a one-token step's and a head level's device time goes, eager and on the path: torch's profiler,
-    the kernels by device time (``python benchmarks/gpu_fixed.py --profile``: for a GPU session's diagnosis)."""
+    the kernels by device time (``python -m benchmarks.gpu_fixed --profile``: for a GPU session's diagnosis)."""
     from torch.profiler import ProfilerActivity, profile as profiled  # lazy: only this diagnosis uses it
 
     model, sync = big_model(shape, device, dtype), syncer(device)
@@ -293,7 +293,7 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if not args.profile:
         parser.error("run it with --profile (the rows themselves run from gpu_check.py)")
-    from gpu_check import GPU, SMOKE  # lazy: gpu_check imports this module
+    from benchmarks.gpu_check import GPU, SMOKE  # lazy: gpu_check imports this module
 
     scale = SMOKE if args.smoke else GPU
     profile("cpu" if args.smoke else "cuda", scale.latency_shape, torch.float32 if args.smoke else torch.bfloat16)

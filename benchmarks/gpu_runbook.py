@@ -47,11 +47,11 @@ def calls(folder: Path) -> list[Call]:
     rel = folder.relative_to(ROOT).as_posix() if folder.is_relative_to(ROOT) else str(folder)
     manifest = json.loads((folder / "model.json").read_text())
     count = len(manifest["pieces"])
-    out = [Call(f"python3 benchmarks/gpu_pack.py check {i}", (f"{rel}/model.part{i}", f"{rel}/model.json"), 120,
+    out = [Call(f"python3 -m benchmarks.gpu_pack check {i}", (f"{rel}/model.part{i}", f"{rel}/model.json"), 120,
                 f"piece {i} of {count} arrives; pieces 1..{i} are checked, the machine's versions printed")
            for i in range(1, count)]
     train = (f"set -o pipefail; {SITE} {rel}/whl/*.whl && PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 "
-             f"python3 benchmarks/gpu_pack.py train --out $OUT 2>&1 | tee $OUT/train.log")
+             f"python3 -m benchmarks.gpu_pack train --out $OUT 2>&1 | tee $OUT/train.log")
     out.append(Call(train, (f"{rel}/model.part{count}", f"{rel}/model.json", f"{rel}/corpus.npz", f"{rel}/whl"), 540,
                     f"the last piece; join, pull, train 6 min in bf16, export the head into $OUT"))
     bench = (f"{SITE} {rel}/whl/*.whl . && export GRAFT_HOME=$PWD/{rel}/home PYTHONPATH=/tmp/site "
@@ -83,5 +83,5 @@ def plan_text(folder: Path) -> str:
                   f"  carries {carried / 1e6:.1f} MB: {size / 1e6:.1f} MB with today's tree, "
                   f"{worst / 1e6:.1f} MB with a {max(tree, ASSUMED_TREE) / 1e6:.0f} MB tree: {flag}"]
     lines += ["then give_back(); here, with the files of the train call (its files_at folder):",
-              f"  python benchmarks/gpu_pack.py import FILES_AT --ship {SHIP_TO}"]
+              f"  python -m benchmarks.gpu_pack import FILES_AT --ship {SHIP_TO}"]
     return "\n".join(lines)

@@ -8,9 +8,9 @@ The 8K set stays inside SmolLM2's 8192 positions with 256 new tokens and a CPU t
 ``--accept`` rows) after prefilling contexts of several lengths, and the prefill itself. It uses only the Target
 API every version of graft has, so the same script measures two checkouts side by side (``PYTHONPATH``).
 
-    python benchmarks/long_context.py datasets --out /tmp/long-context
-    python benchmarks/long_context.py steps --contexts 512,2048,4096,7900 --threads 1
-    python benchmarks/long_context.py prefill --context 4096 --chunks 256,512,1024,4096 [--bound]
+    python -m benchmarks.long_context datasets --out /tmp/long-context
+    python -m benchmarks.long_context steps --contexts 512,2048,4096,7900 --threads 1
+    python -m benchmarks.long_context prefill --context 4096 --chunks 256,512,1024,4096 [--bound]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the server itself costs: one request's wall time through `graft serve` (the openai client, streamed and
 whole) against the same generation in-process through the API, alternated, on the same model and settings.
 
-    python benchmarks/serve_cost.py [--model smollm2-135m-instruct] [--tokens 128] [--rounds 3]
+    python -m benchmarks.serve_cost [--model smollm2-135m-instruct] [--tokens 128] [--rounds 3]
 
 Prints the per-token overhead of HTTP and streaming, and the response cache's effect on the same request twice.
 """

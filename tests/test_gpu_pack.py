@@ -16,11 +16,7 @@ import pytest
 from graft_cli.core import GraftError
 from graft_cli.heads.data import Documents, read_documents, read_packed, write_packed
 from graft_cli.bench.synthetic import word_tokenizer
-from tests.scripts import load_script
-
-pack = load_script("gpu_pack")
-pieces = load_script("gpu_pieces")
-runbook = load_script("gpu_runbook")
+from benchmarks import gpu_pack as pack, gpu_pieces as pieces, gpu_runbook as runbook
 
 
 # --- pieces -------------------------------------------------------------------------------------------------------

@@ -5,13 +5,11 @@ from graft_cli.core import DraftSettings
 from graft_cli.catalog.home import graft_home
 from graft_cli.runtime.loading import load_model
 from graft_cli.method.builder import MethodConfig
-from tests.scripts import load_script
+from benchmarks import gpu_check, host_overhead
 
 
 def test_a_fresh_home_profiles_before_the_record(tmp_path, monkeypatch):
     monkeypatch.setenv("GRAFT_HOME", str(tmp_path / "home"))
-    gpu_check = load_script("gpu_check")  # puts benchmarks/ on sys.path, beside it
-    import host_overhead
     target_dir, _ = gpu_check.synthetic_dirs(tmp_path, gpu_check.SMOKE)
     loaded = load_model(str(target_dir), "cpu", "float32")
     assert not (graft_home() / "profiles").exists()
@@ -25,8 +23,6 @@ def test_a_replay_advances_the_caches_rows_without_moving_keys(tmp_path, monkeyp
     (the zeros of ``write_kv`` would evict the host code's caches); both ways decode the record's tokens, which
     ``measure`` checks, in as many steps."""
     monkeypatch.setenv("GRAFT_HOME", str(tmp_path / "home"))
-    gpu_check = load_script("gpu_check")
-    import host_overhead
     target_dir, _ = gpu_check.synthetic_dirs(tmp_path, gpu_check.SMOKE)
     loaded = load_model(str(target_dir), "cpu", "float32")
     config = MethodConfig("graft", budget=60, retrievers=["prompt", "recycling"], draft=str(target_dir), drafting=DraftSettings(depth=7, draft_top_k=8))
@@ -38,8 +34,6 @@ def test_a_replay_advances_the_caches_rows_without_moving_keys(tmp_path, monkeyp
 def test_the_fixed_shape_path_replays_with_one_read_from_the_target(tmp_path, monkeypatch):
     """``--fixed-shapes``: the same decoding (measure checks the tokens), the target's share of a step one read."""
     monkeypatch.setenv("GRAFT_HOME", str(tmp_path / "home"))
-    gpu_check = load_script("gpu_check")
-    import host_overhead
     target_dir, _ = gpu_check.synthetic_dirs(tmp_path, gpu_check.SMOKE)
     loaded = load_model(str(target_dir), "cpu", "float32")
     config = MethodConfig("graft", budget=60, retrievers=["prompt"])

@@ -1,10 +1,10 @@
-"""benchmarks/long_context.py's fp32 ceiling of a prefill: the FLOPs it counts and the rate it divides them by."""
+"""benchmarks/prefill.py's fp32 ceiling of a prefill: the FLOPs it counts and the rate it divides them by."""
 
 from types import SimpleNamespace
 
 import torch
 
-from benchmarks.long_context import gemm_ceiling, prefill_flops
+from benchmarks.prefill import gemm_ceiling, prefill_flops
 
 
 def test_a_prefill_counts_every_projection_and_the_causal_pairs():

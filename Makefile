@@ -26,7 +26,7 @@ demo: install
 	$(GRAFT) models pull smollm2-135m-instruct
 	$(GRAFT) index build $(STDLIB)/json $(STDLIB)/email $(STDLIB)/asyncio --model smollm2-135m-instruct \
 		--kind suffix-array --name stdlib-demo --force
-	$(VENV)/bin/python benchmarks/demo.py --datastore stdlib-demo --max-new-tokens 128 \
+	$(VENV)/bin/python -m benchmarks.demo --datastore stdlib-demo --max-new-tokens 128 \
 		--prompt "$(DEMO_PROMPT)"
 
 # specforge: the reference EAGLE-3 class tests/test_heads.py checks the head format against; without its own

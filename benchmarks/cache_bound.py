@@ -13,7 +13,7 @@ The share predicted by the earlier answers alone ("earlier only") bounds what th
 tokens, one guess per position (a tree of guesses does somewhat better, both ways); graft's speedup cannot grow by
 more than that share of its tokens per step::
 
-    python benchmarks/cache_bound.py bench-results/run --model smollm2-135m-instruct
+    python -m benchmarks.cache_bound bench-results/run --model smollm2-135m-instruct
 """
 
 from __future__ import annotations

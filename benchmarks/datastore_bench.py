@@ -14,7 +14,7 @@ the way REST queries it: suffixes of 16 down to 2 tokens until one returns draft
 long=10). graft is queried with a comparable tree: ``budget=64, depth=10`` (and its default 512 occurrences
 counted per lookup).
 
-    .venv/bin/python benchmarks/datastore_bench.py [--model DIR_OR_NAME] [--corpus corpus|stdlib ...] [--ngram]
+    .venv/bin/python -m benchmarks.datastore_bench [--model DIR_OR_NAME] [--corpus corpus|stdlib ...] [--ngram]
                                                    [--json OUT]
 """
 
@@ -102,7 +102,8 @@ def child_build_rest(tokens_path: str, out_file: str, vocab: int) -> dict:
 
 
 def run_child(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.datastore_bench", "--child", *args], cwd=ROOT,
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"child {args[0]} failed:\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

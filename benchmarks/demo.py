@@ -1,7 +1,7 @@
 """`make demo`'s last step: one prompt generated with plain decoding (`ar`) and with Graft, side by side in one
 process, so the speed-up is measured on the same machine at the same moment and the two texts can be compared.
 
-    python benchmarks/demo.py --datastore stdlib-demo --prompt "..."
+    python -m benchmarks.demo --datastore stdlib-demo --prompt "..."
 """
 
 from __future__ import annotations

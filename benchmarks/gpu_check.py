@@ -22,9 +22,9 @@
    plain decoding against its bandwidth floor, verification by tree size, an 8B-shaped EAGLE-3 head level and
    draft, host time and reads per step with a head, and every method's tokens against the eager path in fp32.
 
-    python benchmarks/gpu_check.py            # on a CUDA machine; prints one table, exit 1 if a check failed
-    python benchmarks/gpu_check.py --smoke    # the same code on the CPU with tiny models (CI: under a minute)
-    python benchmarks/gpu_check.py --skip sampling,latency --out DIR   # a shorter second look, kept in DIR
+    python -m benchmarks.gpu_check            # on a CUDA machine; prints one table, exit 1 if a check failed
+    python -m benchmarks.gpu_check --smoke    # the same code on the CPU with tiny models (CI: under a minute)
+    python -m benchmarks.gpu_check --skip sampling,latency --out DIR   # a shorter second look, kept in DIR
 
 In bf16 the synthetic model's logits (around 16-32, where bf16 steps by 0.125) tie often, and a tie ends what
 the greedy check can compare. So a bf16/fp16 run follows with the same greedy check in fp32 on the same device
@@ -44,15 +44,13 @@ import sys
 import tempfile
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 from torch.nn.attention import SDPBackend
-from transformers import AutoModelForCausalLM, LlamaConfig
-
 
 from graft_cli.core import DEFAULT_SCHEDULE, DraftSettings
 from graft_cli.method import builder as methods
@@ -70,58 +68,13 @@ from graft_cli.runtime.sampling import Sampling, probabilities
 from graft_cli.bench.synthetic import method_configs, random_tree, synthetic_models, text_store
 from graft_cli.runtime.target import Target
 
-import gpu_fixed
+from benchmarks import gpu_fixed
+from benchmarks.gpu_setup import GPU, SMOKE, Scale, Table, big_model, syncer
+from benchmarks.host_overhead import measure
 
-LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                 num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0)
-
-
-@dataclass(frozen=True)
-class Scale:
-    """How big each part runs: the GPU run, or the CPU smoke run."""
-
-    vocab: int
-    hidden: int
-    layers: int
-    prompts: int
-    new_tokens: int
-    samples: int  # sampling runs per method
-    latency_shape: dict
-    sizes: tuple[int, ...]
-    past: int
-    repeats: int
-    dtype: str  # bf16 on the GPU; fp32 on the CPU, where bf16 matmuls are slow and users run fp32
-    depth: int | None  # draft levels (None: the device's default)
-
-
-GPU = Scale(1024, 512, 6, 8, 128, 400, LLAMA3_8B, (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256), 512, 10, "bfloat16", None)
-SMOKE = Scale(97, 64, 6, 3, 24, 80, dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, vocab_size=97), (1, 4, 16), 64, 3, "float32", 3)
 PARTS = ("greedy", "sampling", "exact", "latency", "host", "fixed")  # what --skip can leave out
 EXACT = (4, 64)  # prompts and new tokens of the fp32 greedy pass that follows a bf16/fp16 run
 SAMPLING = Sampling(temperature=0.8, top_k=8, top_p=0.95)  # every part of the distribution code, a small support
-
-
-class Table:
-    """The one table this script prints: check | ok | figures."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[str, bool | None, str]] = []
-        self.details: dict[str, object] = {}  # what --out keeps besides the rows
-
-    def add(self, check: str, ok: bool | None, figures: str) -> None:
-        self.rows.append((check, ok, figures))
-        mark = {True: "ok", False: "FAIL", None: "-"}[ok]
-        print(f"  {check}: {mark} {figures}", file=sys.stderr, flush=True)  # progress while it runs
-
-    def print(self, title: str) -> None:
-        print(f"\n{title}\n\n| check | ok | figures |\n|---|---|---|")
-        for check, ok, figures in self.rows:
-            print(f"| {check} | {({True: 'ok', False: 'FAIL', None: '-'})[ok]} | {figures} |")
-
-    @property
-    def ok(self) -> bool:
-        return all(ok is not False for _, ok, _ in self.rows)
 
 
 # --- 1. every method ---------------------------------------------------------------------------------------------
@@ -250,12 +203,10 @@ def check_flash_prefill(table: Table, model) -> None:
 
 # --- 3. verification latency -------------------------------------------------------------------------------------
 def check_latency(table: Table, shape: dict, device: str, dtype: torch.dtype, scale: Scale) -> None:
-    config = LlamaConfig(**shape, max_position_embeddings=4096, attn_implementation="sdpa")
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-    target, rng = Target(model), np.random.default_rng(0)
+    model = big_model(shape, device, dtype)
+    config, target, rng = model.config, Target(model), np.random.default_rng(0)
     target.prefill(rng.integers(0, config.vocab_size, scale.past).tolist(), capacity=scale.past + max(scale.sizes))
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync = syncer(device)
     params = sum(p.numel() for p in model.parameters()) / 1e9
     base = None
     for size in scale.sizes:
@@ -323,8 +274,6 @@ def check_host_overhead(table: Table, device: str, dtype: str, scale: Scale) -> 
     """Host milliseconds and device reads per step of graft with a draft model at the CUDA defaults (budget 60,
     depth 7, draft top-k 8, prompt lookup and recycling), the forwards played back (benchmarks/host_overhead.py):
     on a GPU, what the host costs each verification. Reported, not checked: a speed is a benchmark's."""
-    from host_overhead import measure
-
     with tempfile.TemporaryDirectory(prefix="graft-gpu-check-") as tmp:
         target_dir, _ = synthetic_dirs(Path(tmp), scale)
         loaded = load_model(str(target_dir), device, dtype)

@@ -15,16 +15,13 @@ on a GPU and that it changes no token. ``--smoke`` runs the same code on a CPU, 
 - ``fixed-shape METHOD (float32)``: every method on the path (its draft levels included) against the eager path,
   token for token, on the tiny synthetic models.
 
-``python benchmarks/gpu_fixed.py --profile`` prints, for a GPU session's diagnosis, where a one-token step's and a
-head level's device time goes (torch's profiler, eager and on the path). Both need graft installed where they run
-(``pip install --no-deps .``: the methods find their drafters through its entry points).
+The rows need graft installed where they run (``pip install --no-deps .``: the methods find their drafters
+through its entry points). gpu_profile.py shows where the device time of a step and of a head level goes.
 """
 
 from __future__ import annotations
 
-import statistics
 import tempfile
-import time
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -32,7 +29,6 @@ from typing import Callable
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from graft_cli.method import builder as methods
 from graft_cli.bench.runners import shared_models
@@ -50,27 +46,14 @@ from graft_cli.runtime.verify import accept
 from graft_cli.bench.synthetic import method_configs, random_tree, synthetic_models, text_store
 from plugins.eagle3 import Eagle3Drafter
 
+from benchmarks.gpu_setup import Scale, Table, big_model, syncer, timed
+from benchmarks.host_overhead import measure
+
 SIZES = (1, 16, 32, 64, 128)  # tokens a verification feeds, root included
 GPU_COPY, SMOKE_COPY = 1 << 30, 1 << 24  # bytes the bandwidth is measured over
 
 
-def timed(run: Callable[[], object], sync: Callable[[], None], repeats: int) -> float:
-    """Median milliseconds of ``run`` (a first call warms up)."""
-    times = []
-    for _ in range(repeats + 1):
-        sync()
-        start = time.perf_counter()
-        run()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:]) * 1000
-
-
-def syncer(device: str) -> Callable[[], None]:
-    return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-
-
-def bandwidth(table, device: str) -> float:
+def bandwidth(table: Table, device: str) -> float:
     """Bytes per second a large device-to-device copy moves (read plus written)."""
     size = GPU_COPY if device.startswith("cuda") else SMOKE_COPY
     src = torch.empty(size, dtype=torch.uint8, device=device)
@@ -81,13 +64,8 @@ def bandwidth(table, device: str) -> float:
     return rate
 
 
-def big_model(shape: dict, device: str, dtype: torch.dtype) -> torch.nn.Module:
-    config = LlamaConfig(**shape, max_position_embeddings=8192, attn_implementation="sdpa")
-    with torch.device(device):
-        return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-
-
-def check_fixed_latency(table, model: torch.nn.Module, device: str, past: int, repeats: int, rate: float) -> None:
+def check_fixed_latency(table: Table, model: torch.nn.Module, device: str, past: int, repeats: int,
+                        rate: float) -> None:
     """Capture time per bucket, plain decoding against its floor, verification by tree size: on the path, and
     the eager path beside it."""
     sync, rng = syncer(device), np.random.default_rng(0)
@@ -99,7 +77,7 @@ def check_fixed_latency(table, model: torch.nn.Module, device: str, past: int, r
     for switch in ("on", "off"):
         target = make_target(model, switch)
         target.prefill(prompt, capacity=past + 4 * 64 + 256)
-        step = _step(target)
+        step = verify_step(target)
         figures[switch] = {size: timed(lambda: step(random_tree(size - 1, vocab, rng), reset=True), sync, repeats)
                            for size in SIZES}
         figures[switch]["plain"] = timed(lambda: [step(Tree()) for _ in range(16)], sync, repeats) / 16
@@ -116,7 +94,7 @@ def check_fixed_latency(table, model: torch.nn.Module, device: str, past: int, r
                   f"eager {off[size]:.2f} ms ({past}-token cache, a step with acceptance and its read)")
 
 
-def _step(target: Target) -> Callable[..., object]:
+def verify_step(target: Target) -> Callable[..., object]:
     """One verification step of ``target`` as decoding runs it (acceptance, compaction and the read included);
     ``reset``: the cache back to its length before, so that a timing loop keeps one context."""
     device_step, greedy = target.device_step(Sampling(), None), Sampling()
@@ -164,7 +142,7 @@ def head_drafter(model: torch.nn.Module, head: Eagle3Head, fixed: bool, past: in
     return drafter
 
 
-def check_head(table, model: torch.nn.Module, device: str, past: int, repeats: int, draft_vocab: int,
+def check_head(table: Table, model: torch.nn.Module, device: str, past: int, repeats: int, draft_vocab: int,
                top_k: int) -> None:
     """An 8B-shaped head's level of ``top_k`` rows and a whole draft of depth 6: captured levels, and eager."""
     sync, head = syncer(device), random_head(model, draft_vocab)
@@ -181,7 +159,7 @@ def check_head(table, model: torch.nn.Module, device: str, past: int, repeats: i
 
         whole = timed(draft, sync, repeats)
         with torch.inference_mode():  # as the draft's own levels run
-            figures[fixed] = (timed(partial(_level, drafter, head), sync, repeats), whole)
+            figures[fixed] = (timed(partial(first_level, drafter, head), sync, repeats), whole)
     (level, whole), (eager_level, eager_whole) = figures[True], figures[False]
     params = sum(w.numel() for w in head.w.values()) / 1e9
     table.add("fixed head level", None, f"{level:.3f} ms for {top_k} rows ({params:.2f}B-parameter head, "
@@ -190,12 +168,10 @@ def check_head(table, model: torch.nn.Module, device: str, past: int, repeats: i
               f"fixed-shape path); eager {eager_whole:.2f} ms")
 
 
-def check_host(table, device: str, dtype: str, target_dir: Path, head_dir: Path, prompts: list[list[int]],
+def check_host(table: Table, device: str, dtype: str, target_dir: Path, head_dir: Path, prompts: list[list[int]],
                new_tokens: int) -> None:
     """Host time not overlapped with the device, and blocking reads, per step of graft with an EAGLE-3 head on
     the fixed-shape path at the CUDA defaults (benchmarks/host_overhead.py)."""
-    from host_overhead import measure  # lazy: a neighbour script, on the path only where it runs
-
     loaded = load_model(str(target_dir), device, dtype)
     config = methods.MethodConfig(
         "graft", budget=60, retrievers=["prompt", "recycling"], draft=f"eagle3:{head_dir}",
@@ -206,7 +182,7 @@ def check_host(table, device: str, dtype: str, target_dir: Path, head_dir: Path,
               f"EAGLE-3 head, {m.steps} steps; targets 0.5 ms and 1 read)")
 
 
-def check_methods(table, device: str, target_dir: Path, head_dir: Path, root: Path, prompts: list[list[int]],
+def check_methods(table: Table, device: str, target_dir: Path, head_dir: Path, root: Path, prompts: list[list[int]],
                   new_tokens: int, depth: int | None) -> None:
     """Every method on the fixed-shape path (its draft levels too) against the eager path, greedy, in fp32."""
     loaded = load_model(str(target_dir), device, "float32")
@@ -229,7 +205,7 @@ def _tokens(target: Target, proposer, prompt: list[int], n: int) -> list[int]:
     return [t for step in decode(target, proposer, prompt, Sampling(), n, set()) for t in step]
 
 
-def check_all(table, device: str, dtype: str, scale, prompts: list[list[int]]) -> None:
+def check_all(table: Table, device: str, dtype: str, scale: Scale, prompts: list[list[int]]) -> None:
     """Every row above, within the check's budget (``scale``: gpu_check's GPU or smoke sizes)."""
     rate = bandwidth(table, device)
     model = big_model(scale.latency_shape, device, getattr(torch, dtype))
@@ -244,56 +220,9 @@ def check_all(table, device: str, dtype: str, scale, prompts: list[list[int]]) -
                       scale.depth)
 
 
-def profile(device: str, shape: dict, dtype: torch.dtype, past: int = 512) -> None:
-    """Where a one-token step's and a head level's device time goes, eager and on the path: torch's profiler,
-    the kernels by device time (``python benchmarks/gpu_fixed.py --profile``: for a GPU session's diagnosis)."""
-    from torch.profiler import ProfilerActivity, profile as profiled  # lazy: only this diagnosis uses it
-
-    model, sync = big_model(shape, device, dtype), syncer(device)
-    runs: dict[str, Callable[[], object]] = {}
-    for switch in ("off", "on"):
-        target = make_target(model, switch)
-        target.prefill([i % shape["vocab_size"] for i in range(past)], capacity=past + 512)
-        runs[f"one-token step, graphs {switch}"] = partial(_step(target), Tree(), reset=True)
-    head = random_head(model, 32000 if device.startswith("cuda") else shape["vocab_size"] // 2)
-    for fixed in (False, True):
-        head.reset(past + 4096)
-        drafter = head_drafter(model, head, fixed, past, 8)
-        runs[f"head level, fixed {fixed}"] = partial(_level, drafter, head)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    for name, run in runs.items():
-        with torch.inference_mode():
-            for _ in range(5):
-                run()
-            sync()
-            with profiled(activities=activities) as prof:
-                for _ in range(5):
-                    run()
-                sync()
-        averages = prof.key_averages()
-        total = sum(e.self_device_time_total for e in averages) / 5 / 1000
-        print(f"== {name}: {total:.3f} ms of device time a call")
-        print(averages.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=60))
-
-
-def _level(drafter: Eagle3Drafter, head: Eagle3Head) -> None:
+def first_level(drafter: Eagle3Drafter, head: Eagle3Head) -> None:
     """The tree's first level again, the head's cache cropped back after it."""
     rows, device = drafter.top_k, head.device
     drafter._grow(torch.arange(rows, device=device), torch.ones((rows, head.cfg.hidden), device=device,
                   dtype=head.dtype), 2, torch.ones((rows, rows), dtype=torch.bool, device=device).tril())
     head.crop(drafter.committed)
-
-
-if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description=profile.__doc__.split(":")[0])
-    parser.add_argument("--profile", action="store_true", help="profile a step and a head level (else: --help)")
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
-    args = parser.parse_args()
-    if not args.profile:
-        parser.error("run it with --profile (the rows themselves run from gpu_check.py)")
-    from gpu_check import GPU, SMOKE  # lazy: gpu_check imports this module
-
-    scale = SMOKE if args.smoke else GPU
-    profile("cpu" if args.smoke else "cuda", scale.latency_shape, torch.float32 if args.smoke else torch.bfloat16)

@@ -50,9 +50,9 @@ builder runs planned, as off the CPU (one device read per draft; none with ``--f
 draft rides in the step's read; ``--read-per-level``: one per level, the CPU's way). ``measure()`` is what
 ``benchmarks/gpu_check.py`` calls for its host row.
 
-    python benchmarks/host_overhead.py --drafter model|eagle3|none --threads 1
-    python benchmarks/host_overhead.py --cold-caches
-    python benchmarks/host_overhead.py --drafter eagle3 --threads 1 --fixed-shapes   # the fixed-shape path, eagerly
+    python -m benchmarks.host_overhead --drafter model|eagle3|none --threads 1
+    python -m benchmarks.host_overhead --cold-caches
+    python -m benchmarks.host_overhead --drafter eagle3 --threads 1 --fixed-shapes   # the fixed-shape path, eagerly
 
 ``--fixed-shapes`` runs the fixed-shape path (graft_cli/runtime/fixed_target.py) eagerly: the verification, the
 acceptance and the drafter's levels run as the regions a GPU captures, and each region's own time is shown as
@@ -96,9 +96,9 @@ from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.fixed_target import FixedShapeTarget
 from graft_cli.runtime.target import Target
 
-from host_inputs import CORPUS, datastore, random_head
-from phases import CAPTURED, DEVICE, FORWARD, Phases
-from playback import Replay, cold_caches
+from benchmarks.host_inputs import CORPUS, datastore, random_head
+from benchmarks.phases import CAPTURED, DEVICE, FORWARD, Phases
+from benchmarks.playback import Replay, cold_caches
 
 PHASES = ("draft", "ahead", "mask", "retrieve", "graft", "accept", "keep", "observe", "engine")
 

@@ -1,7 +1,7 @@
 """The default-model Spec-Bench command in two checkouts, side by side in one run: category by category, the two
 alternating which goes first, so that a shared machine's drift hits both alike.
 
-    python benchmarks/side_by_side.py --before ../old-checkout --after . --out DIR [--limit 2] [--threads 1]
+    python -m benchmarks.side_by_side --before ../old-checkout --after . --out DIR [--limit 2] [--threads 1]
         [--after-variant 'cached=graft retrievers=prompt,recycling,responses']
 
 Each checkout runs its own `.venv/bin/graft`. Then per side and method: mean tokens/s over questions (Spec-Bench's

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from tests.scripts import load_script
-
-cache_bound = load_script("cache_bound")
+from benchmarks import cache_bound
 
 
 def test_only_what_earlier_answers_add_counts_as_the_caches():

@@ -5,13 +5,12 @@ import json
 
 import torch
 
-from tests.scripts import load_script
+from benchmarks import gpu_check
 
 METHODS = ("ar", "pld", "recycling", "rest", "dense", "pruned", "graft", "graft-tail", "eagle3")
 
 
 def test_gpu_check_smoke_covers_every_method(capsys):
-    gpu_check = load_script("gpu_check")
     if not torch.cuda.is_available():
         assert gpu_check.main([]) == 0
         assert "no CUDA device" in capsys.readouterr().out
@@ -31,7 +30,6 @@ def test_gpu_check_smoke_covers_every_method(capsys):
 
 def test_a_half_precision_run_checks_greedy_again_in_fp32(tmp_path):
     """bf16's ties end what its greedy check compares; the fp32 pass that follows compares every token."""
-    gpu_check = load_script("gpu_check")
     argv = ["--smoke", "--dtype", "bfloat16", "--skip", "sampling,latency,host,fixed", "--prompts", "1", "--new-tokens", "8",
             "--out", str(tmp_path)]
     assert gpu_check.main(argv) == 0

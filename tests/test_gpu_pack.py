@@ -1,4 +1,4 @@
-"""benchmarks/gpu_pack.py: files in checked pieces both ways, the corpus as packed token ids, the model wheel
+"""benchmarks/transport/gpu_pack.py: files in checked pieces both ways, the corpus as packed token ids, the model wheel
 installed by the catalog's own pull with no index, training bounded by wall time, and the whole chain (--smoke) on
 a tiny model: pieces there, a time-bounded run, the head back in pieces, imported and shipped."""
 
@@ -16,11 +16,7 @@ import pytest
 from graft_cli.core import GraftError
 from graft_cli.heads.data import Documents, read_documents, read_packed, write_packed
 from graft_cli.bench.synthetic import word_tokenizer
-from tests.scripts import load_script
-
-pack = load_script("gpu_pack")
-pieces = load_script("gpu_pieces")
-runbook = load_script("gpu_runbook")
+from benchmarks.transport import gpu_pack as pack, gpu_pieces as pieces, gpu_runbook as runbook
 
 
 # --- pieces -------------------------------------------------------------------------------------------------------
@@ -186,7 +182,7 @@ def test_the_plan_sizes_every_call_against_64_mib(tmp_path):
     _sparse_pieces(tmp_path / "ok", [37_000_000, 37_000_000, 18_871_040])
     text = runbook.plan_text(tmp_path / "ok")
     assert "OVER" not in text and text.count("run(command=") == 4
-    assert "gpu_pack.py check 1" in text and "gpu_pack.py train --out $OUT" in text
+    assert "-m benchmarks.transport.gpu_pack check 1" in text and "gpu_pack train --out $OUT" in text
     assert all(len(call.command) <= 2000 and len(call.carry) <= 8 for call in runbook.calls(tmp_path / "ok"))
     _sparse_pieces(tmp_path / "big", [46_000_000, 46_871_040])
     assert "OVER 64 MiB" in runbook.plan_text(tmp_path / "big")
@@ -217,7 +213,7 @@ def test_smoke_trains_within_its_time_and_the_head_comes_back_in_pieces(tmp_path
     weights = (shipped / "model.safetensors").read_bytes()
     exported = next((tmp_path / "run").glob("ckpt-*")) / "head" / "model.safetensors"
     assert weights == exported.read_bytes()  # what shipped is what trained there, bit for bit
-    assert "benchmarks/gpu_pack.py train" in (shipped / "README.md").read_text()
+    assert "benchmarks.transport.gpu_pack train" in (shipped / "README.md").read_text()
 
     with pytest.raises(GraftError, match="already holds a checkpoint"):
         pieces.import_head(tmp_path / "out", tmp_path / "imported")

@@ -1,6 +1,8 @@
 """The import layers: every import points down (or within its own layer), no import cycle anywhere (imports inside
 functions and type-only imports included), graft_cli never imports plugins, plugins import only graft_cli's public
-packages, and importing graft_cli changes nothing in the process."""
+packages, and importing graft_cli changes nothing in the process. The scripts under benchmarks/ (a package run
+with ``python -m benchmarks.NAME``) import each other as ``benchmarks.NAME``, without a cycle, and never edit
+``sys.path``."""
 
 from __future__ import annotations
 
@@ -27,9 +29,14 @@ PUBLIC = {"graft_cli.core", "graft_cli.drafting", "graft_cli.runtime", "graft_cl
 LAZY_ALLOWED = ("graft_cli.cli", "graft_cli.__main__")
 
 
-def modules() -> dict[str, Path]:
+PRODUCT = ("graft_cli", "plugins", "datastores")
+# sys.path's methods that change it: a script that calls one imports by where it lies, not by package
+PATH_EDITS = {"append", "insert", "extend", "remove", "pop", "clear", "reverse", "sort", "__setitem__", "__iadd__"}
+
+
+def modules(packages: tuple[str, ...] = PRODUCT) -> dict[str, Path]:
     found = {}
-    for package in ("graft_cli", "plugins", "datastores"):
+    for package in packages:
         for path in sorted((ROOT / package).rglob("*.py")):
             name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
             found[name.removesuffix(".__init__")] = path
@@ -76,8 +83,8 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, in
     return found
 
 
-def graph() -> dict[str, list[tuple[str, int, bool]]]:
-    known = modules()
+def graph(packages: tuple[str, ...] = PRODUCT) -> dict[str, list[tuple[str, int, bool]]]:
+    known = modules(packages)
     return {name: imports(name, path, known) for name, path in known.items()}
 
 
@@ -87,8 +94,9 @@ def test_imports_point_down_the_layers():
     assert not upward, "\n".join(upward)
 
 
-def test_no_import_cycle():
-    edges = {name: {target for target, _, _ in out} for name, out in graph().items()}
+def cycle(graph_: dict[str, list[tuple[str, int, bool]]]) -> list[str] | None:
+    """One import cycle of ``graph_`` (its modules in order, the first again at the end), or None."""
+    edges = {name: {target for target, _, _ in out} for name, out in graph_.items()}
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -98,15 +106,68 @@ def test_no_import_cycle():
         for nxt in sorted(edges[node]):
             if state.get(nxt) == 1:
                 return stack[stack.index(nxt):] + [nxt]
-            if nxt not in state and (cycle := visit(nxt)):
-                return cycle
+            if nxt not in state and (found := visit(nxt)):
+                return found
         stack.pop()
         state[node] = 2
         return None
 
-    for node in sorted(edges):
-        if node not in state and (cycle := visit(node)):
-            raise AssertionError("import cycle: " + " -> ".join(cycle))
+    return next((found for node in sorted(edges) if node not in state and (found := visit(node))), None)
+
+
+def test_no_import_cycle():
+    found = cycle(graph())
+    assert found is None, "import cycle: " + " -> ".join(found)
+
+
+def test_benchmarks_have_no_import_cycle():
+    found = cycle(graph(("benchmarks",)))
+    assert found is None, "import cycle: " + " -> ".join(found)
+
+
+def _is_sys_path(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+            and node.value.id == "sys")
+
+
+def path_edits(tree: ast.AST) -> list[int]:
+    """Lines that change ``sys.path``: a changing method called on it, an assignment to it or to an item of it,
+    its deletion, or ``from sys import path`` (which would let it change under another name)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        else:
+            targets = []
+        if any(_is_sys_path(t) or isinstance(t, ast.Subscript) and _is_sys_path(t.value) for t in targets):
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PATH_EDITS
+              and _is_sys_path(node.func.value)):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "sys" and any(a.name == "path" for a in node.names):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_benchmarks_import_by_package_and_leave_sys_path_alone():
+    """Run as ``python -m benchmarks.NAME`` from the checkout's root, a script finds its neighbours as
+    ``benchmarks.NAME``; a bare ``import NAME`` of one would work only when run by its file, with its folder on
+    the path, and so would tempt a ``sys.path`` edit."""
+    assert path_edits(ast.parse("import sys\nsys.path.insert(0, 'x')\nsys.path[:0] = ['y']")) == [2, 3]
+    known = modules(("benchmarks",))
+    bare = {name.rpartition(".")[2] for name in known}
+    wrong = []
+    for name, path in known.items():
+        tree = ast.parse(path.read_text())
+        wrong += [f"{name}:{line} edits sys.path" for line in path_edits(tree)]
+        for node in ast.walk(tree):
+            tops = ([a.name.partition(".")[0] for a in node.names] if isinstance(node, ast.Import) else
+                    [node.module.partition(".")[0]] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            wrong += [f"{name}:{node.lineno} imports {top} by its bare name, not as benchmarks.{top}"
+                      for top in tops if top in bare and top != "benchmarks"]
+    assert not wrong, "\n".join(wrong)
 
 
 def test_graft_cli_never_imports_plugins_and_plugins_use_public_names():

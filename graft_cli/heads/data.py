@@ -3,7 +3,7 @@ instruction and its response), a held-out split, the draft vocabulary, and packe
 
 A corpus can also be tokenised once into a packed token file (``.npz``: the token ids as uint16 where the
 vocabulary fits, the document offsets, and the tokenizer's fingerprint), which training reads without the text or
-the tokenizer's time: how a corpus travels to a machine that has no copy of it (benchmarks/gpu_pack.py).
+the tokenizer's time: how a corpus travels to a machine that has no copy of it (benchmarks/transport/gpu_pack.py).
 
 Every batch is a pure function of (seed, step), so a resumed run sees exactly the batches it would have seen:
 epoch ``e`` packs the training documents in the order of a permutation seeded with ``seed + e``, cut into

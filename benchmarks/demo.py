@@ -11,6 +11,7 @@ import argparse
 import torch
 
 from graft_cli.method import builder as methods
+from graft_cli.method.config import MethodConfig, configure
 from graft_cli.runtime.engine import decode
 from graft_cli.runtime.loading import encode, load_model, stop_ids
 from graft_cli.runtime.sampling import Sampling
@@ -18,7 +19,7 @@ from graft_cli.core import Stats
 from graft_cli.runtime.target import Target
 
 
-def generate(loaded, config: methods.MethodConfig, ids: list[int], n: int) -> tuple[list[int], Stats]:
+def generate(loaded, config: MethodConfig, ids: list[int], n: int) -> tuple[list[int], Stats]:
     stats = Stats()
     proposer = methods.build(config, loaded)
     steps = decode(Target(loaded.model), proposer, ids, Sampling(), n, stop_ids(loaded), None, stats)
@@ -36,11 +37,10 @@ def main() -> None:
     args = parser.parse_args()
     loaded = load_model(args.model, "auto")
     ids = encode(loaded.tokenizer, args.prompt)
-    options = {"datastore": args.datastore} if args.datastore else {}
     with torch.inference_mode():
-        generate(loaded, methods.MethodConfig("ar"), ids, 8)  # warm-up: the first forwards are slower
-        ar, ar_stats = generate(loaded, methods.MethodConfig("ar"), ids, args.max_new_tokens)
-        graft, graft_stats = generate(loaded, methods.MethodConfig("graft", options=options), ids, args.max_new_tokens)
+        generate(loaded, configure("ar"), ids, 8)  # warm-up: the first forwards are slower
+        ar, ar_stats = generate(loaded, configure("ar"), ids, args.max_new_tokens)
+        graft, graft_stats = generate(loaded, configure("graft", datastore=args.datastore), ids, args.max_new_tokens)
     text = loaded.tokenizer.decode(graft, skip_special_tokens=True)
     print(f"prompt: {args.prompt}\n\n{text}\n")
     for name, stats in (("ar", ar_stats), ("graft", graft_stats)):

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend
 
-from graft_cli.core import DEFAULT_SCHEDULE, DraftSettings
+from graft_cli.core import DEFAULT_SCHEDULE
 from graft_cli.method import builder as methods
 from graft_cli.runtime.attention_kernels import attention_kernels
 from graft_cli.bench.datasets import Question
@@ -62,7 +62,7 @@ from graft_cli.bench.runners import EngineRunner, PeerRunner, shared_models
 from graft_cli.runtime.engine import decode
 from graft_cli.runtime.loading import load_model, stop_ids
 from graft_cli.runtime.lossless import MarginTarget, report
-from graft_cli.method.builder import MethodConfig
+from graft_cli.method.config import MethodConfig, configure
 from graft_cli.core.defaults import CUDA
 from graft_cli.runtime.sampling import Sampling, probabilities
 from graft_cli.bench.synthetic import method_configs, random_tree, synthetic_models, text_store
@@ -171,7 +171,7 @@ def check_methods(table: Table, device: str, dtype: str, scale: Scale, skip: set
         loaded = load_model(str(target_dir), device, dtype)
         conv = Conversation(loaded.tokenizer, stop_ids(loaded))
         questions = prompts(scale)
-        first = runners(loaded, {"ar": MethodConfig("ar")})
+        first = runners(loaded, {"ar": configure("ar")})
         store = build_store(root, target_dir, execute(questions, first, conv, scale.new_tokens), questions)
         runs = runners(loaded, method_configs(target_dir, head, store, scale.depth))
         names = [r.name for r in runs]
@@ -279,7 +279,8 @@ def check_host_overhead(table: Table, device: str, dtype: str, scale: Scale) -> 
         loaded = load_model(str(target_dir), device, dtype)
         conv = Conversation(loaded.tokenizer, stop_ids(loaded))
         ids = [conv.encode([{"role": "user", "content": q.turns[0]}]) for q in prompts(scale)]
-        config = MethodConfig("graft", budget=60, retrievers=["prompt", "recycling"], draft=str(target_dir), drafting=DraftSettings(depth=7, draft_top_k=8, prune_at=f"{DEFAULT_SCHEDULE},floor:{CUDA.prune_floor}"))
+        config = configure("graft", budget=60, retrievers=["prompt", "recycling"], draft=str(target_dir), depth=7,
+                           draft_top_k=8, prune_at=f"{DEFAULT_SCHEDULE},floor:{CUDA.prune_floor}")
         m = measure(loaded, ids, config, scale.new_tokens, repeat=1 if device == "cpu" else 3)
     def per_step(counts, unit: float = 1.0) -> dict[str, float]:
         return {phase: round(unit * value / m.steps, 4) for phase, value in counts.items()}

@@ -31,10 +31,11 @@ import numpy as np
 import torch
 
 from graft_cli.method import builder as methods
+from graft_cli.method.config import configure
 from graft_cli.bench.runners import shared_models
-from graft_cli.core import DEFAULT_SCHEDULE, DraftSettings, Stats, Step, Tree
+from graft_cli.core import DEFAULT_SCHEDULE, Needs, Step, Tree
 from graft_cli.core.defaults import CUDA
-from graft_cli.drafting import GraftProposer, match_target
+from graft_cli.drafting import GraftProposer
 from graft_cli.heads import Eagle3Head, HeadConfig, expected_shapes
 from graft_cli.runtime.engine import decode
 from graft_cli.runtime.fixed_target import make_target
@@ -42,7 +43,6 @@ from graft_cli.runtime.graphs import CudaCapture
 from graft_cli.runtime.loading import load_model
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
-from graft_cli.runtime.verify import accept
 from graft_cli.bench.synthetic import method_configs, random_tree, synthetic_models, text_store
 from plugins.eagle3 import Eagle3Drafter
 
@@ -97,15 +97,11 @@ def check_fixed_latency(table: Table, model: torch.nn.Module, device: str, past:
 def verify_step(target: Target) -> Callable[..., object]:
     """One verification step of ``target`` as decoding runs it (acceptance, compaction and the read included);
     ``reset``: the cache back to its length before, so that a timing loop keeps one context."""
-    device_step, greedy = target.device_step(Sampling(), None), Sampling()
+    rule = target.rule(Sampling(), None, Needs(), 0)
 
     def step(tree: Tree, reset: bool = False) -> object:
         length = target.length
-        if device_step is not None:
-            out = device_step(7, tree, False, 1)
-        else:
-            out = accept(tree, target.verify(7, tree).logits, greedy)
-            target.keep(out.rows(), len(tree) + 1)
+        out = target.step([7], tree, rule)
         if reset:
             target.length = length
             target.cache.settle(length)
@@ -173,9 +169,8 @@ def check_host(table: Table, device: str, dtype: str, target_dir: Path, head_dir
     """Host time not overlapped with the device, and blocking reads, per step of graft with an EAGLE-3 head on
     the fixed-shape path at the CUDA defaults (benchmarks/host_overhead.py)."""
     loaded = load_model(str(target_dir), device, dtype)
-    config = methods.MethodConfig(
-        "graft", budget=60, retrievers=["prompt", "recycling"], draft=f"eagle3:{head_dir}",
-        drafting=DraftSettings(depth=7, draft_top_k=8, prune_at=f"{DEFAULT_SCHEDULE},floor:{CUDA.prune_floor}"))
+    config = configure("graft", budget=60, retrievers=["prompt", "recycling"], draft=f"eagle3:{head_dir}", depth=7,
+                       draft_top_k=8, prune_at=f"{DEFAULT_SCHEDULE},floor:{CUDA.prune_floor}")
     m = measure(loaded, prompts, config, new_tokens, repeat=1 if device == "cpu" else 3, fixed=True)
     table.add("fixed host ms/step", None, f"{m.exposed_ms:.2f} ms not overlapped ({m.host_ms:.2f} ms with the draft "
               f"queued ahead, which the verification overlaps), {m.syncs:.2f} blocking reads per step (graft with an "
@@ -194,7 +189,7 @@ def check_methods(table: Table, device: str, target_dir: Path, head_dir: Path, r
             same, fixed = 0, make_target(loaded.model, "on")
             for prompt in prompts:
                 eager = _tokens(Target(loaded.model), methods.build(config, loaded), prompt, new_tokens)
-                same += eager == _tokens(fixed, match_target(methods.build(config, loaded), fixed), prompt, new_tokens)
+                same += eager == _tokens(fixed, methods.build(config, loaded, fixed), prompt, new_tokens)
             graphs = fixed.graphs
             table.add(f"fixed-shape {name} (float32)", same == len(prompts),
                       f"{same}/{len(prompts)} token-identical to the eager path; {len(graphs.captured)} graphs "

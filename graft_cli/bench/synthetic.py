@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from datastores import build_store
 from graft_cli.heads import HeadConfig, expected_shapes
-from graft_cli.core import DraftSettings, Needs, Recorder, ROOT, Tree
-from graft_cli.method.config import MethodConfig
+from graft_cli.core import Needs, Recorder, ROOT, Tree
+from graft_cli.method.config import MethodConfig, configure
 
 VOCAB = 97
 
@@ -112,17 +112,17 @@ def method_configs(target: Path, head: Path, store: Path | None, depth: int | No
     only once its datastore exists)."""
     draft = str(target)
     configs = {
-        "ar": MethodConfig("ar"),
-        "pld": MethodConfig("pld"),
-        "recycling": MethodConfig("recycling"),
-        "dense": MethodConfig("dense", draft=draft, drafting=DraftSettings(depth=depth)),
-        "pruned": MethodConfig("pruned", draft=draft, drafting=DraftSettings(depth=depth)),
-        "graft": MethodConfig("graft", draft=draft, drafting=DraftSettings(depth=depth)),
-        "graft-tail": MethodConfig("graft", draft=draft, drafting=DraftSettings(chain=True, depth=depth)),
-        "eagle3": MethodConfig("dense", draft=f"eagle3:{head}", drafting=DraftSettings(depth=depth)),
+        "ar": configure("ar"),
+        "pld": configure("pld"),
+        "recycling": configure("recycling"),
+        "dense": configure("dense", draft=draft, depth=depth),
+        "pruned": configure("pruned", draft=draft, depth=depth),
+        "graft": configure("graft", draft=draft, depth=depth),
+        "graft-tail": configure("graft", draft=draft, chain=True, depth=depth),
+        "eagle3": configure("dense", draft=f"eagle3:{head}", depth=depth),
     }
     if store is not None:
-        configs["rest"] = MethodConfig("rest", options={"datastore": str(store)})
+        configs["rest"] = configure("rest", datastore=str(store))
     return configs
 
 

@@ -11,7 +11,8 @@ from graft_cli.drafting.fixed_levels import (FixedLevels, head_catch_up, head_le
 from graft_cli.drafting.objective import Objective
 from graft_cli.drafting.profile import AutoBudget, latency_model
 from graft_cli.drafting.proposer import GraftProposer
-from graft_cli.drafting.tree_drafter import TreeDrafter, positions
+from graft_cli.drafting.pool import positions
+from graft_cli.drafting.tree_drafter import TreeDrafter
 
 __all__ = ["AutoBudget", "CostAwareProposer", "FixedLevels", "GraftProposer", "LatencyModel", "MAX_LEVELS",
            "Objective", "TreeDrafter", "head_catch_up", "head_level", "kernels_outside", "latency_model",

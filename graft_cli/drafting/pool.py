@@ -1,4 +1,5 @@
-"""A draft's candidates on the device: the pool of every node it proposed, and the frontier the next level expands.
+"""A draft's candidates on the device: the pool of every node it proposed, the frontier the next level expands, the
+positions its nodes are fed at, and the best of them chosen before any Tree is built.
 
 Both stay on the drafter's device for the whole draft, so a level costs the host a few kernel launches, not
 Python per node; the stop policy (stop.py) reads from them only what its rule needs.
@@ -11,6 +12,8 @@ from dataclasses import dataclass, fields
 from typing import Sequence
 
 import torch
+
+from graft_cli.core import best_first
 
 
 class Pool:
@@ -79,3 +82,28 @@ class Frontier:
     def head(self, n: int) -> Frontier:
         values = (getattr(self, f.name) for f in fields(self))
         return Frontier(*(value if isinstance(value, int) else value[:n] for value in values))
+
+
+def best_nodes(tokens: list[int], parents: list[int], scores: list[float],
+          count: int) -> tuple[list[int], list[int], list[float]]:
+    """Of nodes in topological order (``parents``: earlier positions, negative for the root's children), the best
+    ``count`` as :meth:`Tree.select` ranks them (score, then depth, then position), before any Tree is built."""
+    if count >= len(tokens):
+        return tokens, parents, scores
+    depth: list[int] = []
+    for up in parents:
+        depth.append(1 if up < 0 else depth[up] + 1)
+    kept = sorted(best_first(scores, depth)[: max(count, 0)])
+    where = {old: new for new, old in enumerate(kept)}
+    return ([tokens[i] for i in kept], [where[parents[i]] if parents[i] >= 0 else -1 for i in kept],
+            [scores[i] for i in kept])
+
+
+def positions(base: int | torch.Tensor, depth: int | torch.Tensor, n: int, device: torch.device) -> torch.Tensor:
+    """Position ids of ``n`` tree nodes at ``depth`` (one for all, or a tensor of one per node) below ``base`` (a
+    host int, or a device ``[1]`` for a draft queued before the step's read)."""
+    if isinstance(depth, torch.Tensor):
+        return base + depth
+    if isinstance(base, torch.Tensor):
+        return (base + depth).expand(n)
+    return torch.full((n,), base + depth, dtype=torch.long, device=device)

@@ -31,9 +31,9 @@ import torch
 
 from graft_cli.drafting.fixed_levels import FixedLevels
 from graft_cli.drafting.objective import Objective
-from graft_cli.drafting.pool import Frontier, Pool
+from graft_cli.drafting.pool import Frontier, Pool, best_nodes
 from graft_cli.drafting.stop import ChainThreshold, Checkpoints, PerLevel, Planned, StopPolicy
-from graft_cli.core import (best_first, Checkpoint, DrafterEnv, Needs, Outcome, PruneSchedule, Recorder, ROOT, Step,
+from graft_cli.core import (Checkpoint, DrafterEnv, Needs, Outcome, PruneSchedule, Recorder, ROOT, Step,
                             Tree)
 from graft_cli.runtime.graphs import Capture
 
@@ -266,7 +266,7 @@ class TreeDrafter:
         def land(values: Sequence[float]) -> Tree:
             columns, more = parse(values)
             count = policy.count(len(columns[0]), more, self.forward_rows)
-            return Tree.from_arrays(*_best(*columns, count), SOURCE)
+            return Tree.from_arrays(*best_nodes(*columns, count), SOURCE)
         return read, land
 
     def _stop_policy(self, budget: int, objective: Objective | None, elapsed: Callable[[], float]) -> StopPolicy:
@@ -377,31 +377,6 @@ class TreeDrafter:
 
 def _prob(logp: float) -> float:
     return math.exp(logp)
-
-
-def _best(tokens: list[int], parents: list[int], scores: list[float],
-          count: int) -> tuple[list[int], list[int], list[float]]:
-    """Of nodes in topological order (``parents``: earlier positions, negative for the root's children), the best
-    ``count`` as :meth:`Tree.select` ranks them (score, then depth, then position), before any Tree is built."""
-    if count >= len(tokens):
-        return tokens, parents, scores
-    depth: list[int] = []
-    for up in parents:
-        depth.append(1 if up < 0 else depth[up] + 1)
-    kept = sorted(best_first(scores, depth)[: max(count, 0)])
-    where = {old: new for new, old in enumerate(kept)}
-    return ([tokens[i] for i in kept], [where[parents[i]] if parents[i] >= 0 else -1 for i in kept],
-            [scores[i] for i in kept])
-
-
-def positions(base: int | torch.Tensor, depth: int | torch.Tensor, n: int, device: torch.device) -> torch.Tensor:
-    """Position ids of ``n`` tree nodes at ``depth`` (one for all, or a tensor of one per node) below ``base`` (a
-    host int, or a device ``[1]`` for a draft queued before the step's read)."""
-    if isinstance(depth, torch.Tensor):
-        return base + depth
-    if isinstance(base, torch.Tensor):
-        return (base + depth).expand(n)
-    return torch.full((n,), base + depth, dtype=torch.long, device=device)
 
 
 def _gather(rows: Any, index: torch.Tensor) -> Any:

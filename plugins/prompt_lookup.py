@@ -18,7 +18,7 @@ import numpy as np
 from datastores.suffix_array import SEP, continuation_trie
 from graft_cli.core import RetrieverEnv, Step, Tree
 from plugins.calibration import LookupCalibration, match_group
-from plugins.store import to_tree
+from plugins.store_retriever import to_tree
 
 
 class PromptLookup:

@@ -170,8 +170,8 @@ def test_embeddings_bf16_f16_and_sharded_checkpoints(tmp_path):
 def test_ngram_retriever_plugin(ngram_store, tmp_path):
     from graft_cli.core import GraftError
     from graft_cli.core import RetrieverEnv
-    from plugins.ngram_faiss import make
-    from plugins.suffix_array import make as make_sa
+    from plugins.ngram_retriever import make
+    from plugins.suffix_array_retriever import make as make_sa
     from tokenizers import Tokenizer
 
     _, path, _, _ = ngram_store

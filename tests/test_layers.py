@@ -121,6 +121,13 @@ def test_graft_cli_never_imports_plugins_and_plugins_use_public_names():
     assert not wrong, "\n".join(wrong)
 
 
+def test_no_module_name_in_both_plugins_and_datastores():
+    """A plugin module is named for what it is (``store_retriever``), never after the store module it reads, so that
+    a traceback, a grep or an entry point names one file."""
+    names = lambda package: {path.stem for path in (ROOT / package).glob("*.py")} - {"__init__"}
+    assert not names("plugins") & names("datastores")
+
+
 def test_project_imports_inside_functions_only_in_the_command_line():
     lazy = [f"{name}:{line} imports {target} inside a function, with no reason" for name, edges in graph().items()
             for target, line, inside in edges if inside and not name.startswith(LAZY_ALLOWED)]

@@ -29,7 +29,7 @@ from datastores.suffix_array import continuation_trie
 from graft_cli.core import GraftError, RetrieverDefaults, RetrieverEnv, Step, Tree
 from plugins.calibration import LookupCalibration, match_group
 from plugins.response_index import ResponseIndex, Run, lookup
-from plugins.store import option, to_tree
+from plugins.store_retriever import option, to_tree
 
 NAME = "responses"
 

@@ -1,6 +1,6 @@
 """Retriever over a FAISS n-gram datastore (``graft index build --kind ngram``).
 
-Entry point ``ngram = "plugins.ngram_faiss:make"``. Options (strings; ``ngram.<key>`` wins over ``<key>``):
+Entry point ``ngram = "plugins.ngram_retriever:make"``. Options (strings; ``ngram.<key>`` wins over ``<key>``):
 
 ``datastore``   store name (under ``$GRAFT_HOME/datastores``) or path -- required
 ``neighbours``  nearest stored contexts consulted besides the exact one (8; 0 = exact n-grams only)
@@ -14,7 +14,7 @@ its neighbours; deeper nodes multiply by the exact n-gram probability of each ne
 from __future__ import annotations
 
 from graft_cli.core import GraftError, RetrieverEnv
-from plugins.store import StoreRetriever, option
+from plugins.store_retriever import StoreRetriever, option
 
 
 class NgramRetriever(StoreRetriever):

@@ -1,6 +1,6 @@
 """Retriever over a suffix-array datastore (``graft index build --kind suffix-array``).
 
-Entry point ``suffix-array = "plugins.suffix_array:make"``. Options (``env.options``, strings; a key prefixed
+Entry point ``suffix-array = "plugins.suffix_array_retriever:make"``. Options (``env.options``, strings; a key prefixed
 with the retriever's name, e.g. ``suffix-array.datastore``, wins over the plain key):
 
 ``datastore``        store name (under ``$GRAFT_HOME/datastores``) or path -- required
@@ -19,7 +19,7 @@ target accepts that path, comparable across retrievers.
 from __future__ import annotations
 
 from graft_cli.core import GraftError, RetrieverEnv
-from plugins.store import StoreRetriever, option
+from plugins.store_retriever import StoreRetriever, option
 
 
 class SuffixArrayRetriever(StoreRetriever):

@@ -5,7 +5,6 @@ Retrievers: ``prompt`` (prompt_lookup.py), ``recycling`` (adjacency.py), ``suffi
 (suffix_array_retriever.py), ``ngram`` (ngram_retriever.py) and ``responses`` (response_cache.py, over
 response_index.py), with what the datastore ones share in store_retriever.py and calibration.py. Drafters:
 ``model`` (draft_model.py) and ``eagle3`` (eagle3.py). A module here is named for what it is, never after the
-``datastores`` module it reads, so a traceback or an import names one file. Like any plugin, they import only the
-public names of ``graft_cli.core``, ``graft_cli.drafting``, ``graft_cli.runtime``, ``graft_cli.heads`` and
-``graft_cli.catalog``.
+``datastores`` module it reads, so a traceback or an import names one file. Like any plugin, they import nothing
+of graft_cli but ``graft_cli.plugin``.
 """

@@ -13,8 +13,8 @@ its neighbours; deeper nodes multiply by the exact n-gram probability of each ne
 
 from __future__ import annotations
 
-from graft_cli.core import GraftError, RetrieverEnv
-from plugins.store_retriever import StoreRetriever, option
+from graft_cli.plugin import GraftError, RetrieverEnv, option
+from plugins.store_retriever import StoreRetriever
 
 
 class NgramRetriever(StoreRetriever):
@@ -26,9 +26,9 @@ class NgramRetriever(StoreRetriever):
     def read_params(self, env: RetrieverEnv) -> dict:
         n = self.name
         params = {
-            "neighbours": option(env, n, "neighbours", 8, int),
-            "min_sim": option(env, n, "min_sim", 0.8, float),
-            "depth": option(env, n, "depth", 8, int),
+            "neighbours": option(env, "neighbours", 8, int),
+            "min_sim": option(env, "min_sim", 0.8, float),
+            "depth": option(env, "depth", 8, int),
         }
         if params["neighbours"] < 0 or params["depth"] < 1:
             raise GraftError(f"retriever {n}: neighbours must be at least 0 and depth at least 1")

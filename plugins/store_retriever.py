@@ -1,40 +1,27 @@
-"""What the datastore retrievers share: options, opening a store (checked for kind and tokenizer, opened once per
-process), and the retriever shape itself, so that a store retriever only says which store kind it reads and which
-lookup parameters it takes."""
+"""What the datastore retrievers share: opening a store (checked for kind and tokenizer, opened once per process),
+and the retriever shape itself, so that a store retriever only says which store kind it reads and which lookup
+parameters it takes."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from datastores import DatastoreError, fingerprint_from_tokenizer, open_store, resolve_store
-from graft_cli.catalog import graft_home
-from graft_cli.core import GraftError, RetrieverDefaults, RetrieverEnv, Step, Tree
+from graft_cli.plugin import GraftError, RetrieverDefaults, RetrieverEnv, Step, Tree, graft_home, option
 from plugins.calibration import LookupCalibration, match_group
 
 _OPEN: dict[tuple[str, str | None, str], Any] = {}  # opened stores, shared by the retrievers of one process
 
 
-def option(env: RetrieverEnv, name: str, key: str, default: Any, cast: Callable[[str], Any] = str) -> Any:
-    """``env.options["<name>.<key>"]``, else ``env.options[key]``, else ``default``, cast with ``cast``."""
-    opts = env.options or {}
-    raw = opts.get(f"{name}.{key}", opts.get(key))
-    if raw is None or raw == "":
-        return default
-    try:
-        return cast(raw)
-    except (TypeError, ValueError):
-        raise GraftError(f"retriever {name}: option {key} must be a {cast.__name__}, not {raw!r}") from None
-
-
 def open_datastore(env: RetrieverEnv, name: str, kind: str):
     """Open the store named by the ``datastore`` option, checking its kind and tokenizer."""
-    spec = option(env, name, "datastore", None)
+    spec = option(env, "datastore", None)
     if not spec:
         raise GraftError(f"retriever {name} needs a datastore (--datastore NAME_OR_PATH; `graft index list` shows them)")
     try:
         path = resolve_store(spec, graft_home())
         fingerprint = fingerprint_from_tokenizer(env.tokenizer) if env.tokenizer is not None else None
-        verify = option(env, name, "verify", False, lambda s: str(s).lower() in ("1", "true", "yes"))
+        verify = option(env, "verify", False, bool)
         key = (str(path.resolve()), fingerprint, env.device)
         index = _OPEN.get(key)
         if index is None or verify:

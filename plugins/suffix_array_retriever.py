@@ -18,8 +18,8 @@ target accepts that path, comparable across retrievers.
 
 from __future__ import annotations
 
-from graft_cli.core import GraftError, RetrieverEnv
-from plugins.store_retriever import StoreRetriever, option
+from graft_cli.plugin import GraftError, RetrieverEnv, option
+from plugins.store_retriever import StoreRetriever
 
 
 class SuffixArrayRetriever(StoreRetriever):
@@ -31,11 +31,11 @@ class SuffixArrayRetriever(StoreRetriever):
     def read_params(self, env: RetrieverEnv) -> dict:
         n = self.name
         params = {
-            "max_match": option(env, n, "max_match", 16, int),
-            "min_match": option(env, n, "min_match", 2, int),
-            "depth": option(env, n, "depth", 8, int),
-            "max_occurrences": option(env, n, "max_occurrences", 512, int),
-            "prior": option(env, n, "prior", 1.0, float),
+            "max_match": option(env, "max_match", 16, int),
+            "min_match": option(env, "min_match", 2, int),
+            "depth": option(env, "depth", 8, int),
+            "max_occurrences": option(env, "max_occurrences", 512, int),
+            "prior": option(env, "prior", 1.0, float),
         }
         if params["min_match"] < 1 or params["max_match"] < params["min_match"]:
             raise GraftError(f"retriever {n}: need 1 <= min_match <= max_match")

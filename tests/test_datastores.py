@@ -206,7 +206,8 @@ def test_suffix_array_retriever_plugin(random_store, tmp_path):
     eps = {e.name: e.value for e in entry_points(group="graft.retrievers")}
     assert eps.get("suffix-array") == "plugins.suffix_array_retriever:make"
     tok = Tokenizer.from_file(str(path / "tokenizer.json"))
-    env = RetrieverEnv(vocab_size=201, tokenizer=tok, options={"datastore": str(path), "suffix-array.depth": "3"})
+    env = RetrieverEnv(vocab_size=201, tokenizer=tok, options={"datastore": str(path), "suffix-array.depth": "3"},
+                       name="suffix-array")
     r = make(env)
     assert r.name == "suffix-array" and r.params["depth"] == 3
     r.start(docs[0])

@@ -176,7 +176,8 @@ def test_ngram_retriever_plugin(ngram_store, tmp_path):
 
     _, path, _, _ = ngram_store
     tok = Tokenizer.from_file(str(path / "tokenizer.json"))
-    r = make(RetrieverEnv(vocab_size=201, tokenizer=tok, options={"datastore": str(path), "ngram.min_sim": "0.9"}))
+    r = make(RetrieverEnv(vocab_size=201, tokenizer=tok, options={"datastore": str(path), "ngram.min_sim": "0.9"},
+                          name="ngram"))
     tree = r.retrieve([1, 5, 11, 7], budget=6)
     assert 0 < len(tree) <= 6 and tree.nodes[0].token == 9 and tree.nodes[0].source == "ngram"
     with pytest.raises(GraftError, match="is a ngram store; the suffix-array retriever reads suffix-array stores"):

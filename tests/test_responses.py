@@ -34,7 +34,7 @@ def model():
 
 
 def cache(**options: str):
-    return make(RetrieverEnv(vocab_size=97, tokenizer=word_tokenizer(), options=options))
+    return make(RetrieverEnv(vocab_size=97, tokenizer=word_tokenizer(), options=options, name="responses"))
 
 
 def run(model, proposer, prompt, sampling=Sampling(), seed=None, n=80) -> tuple[list[int], Stats]:

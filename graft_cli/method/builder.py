@@ -19,7 +19,9 @@ __all__ = ["MethodConfig", "build", "check_datastore", "load_drafter", "make_dra
 
 
 def make_retrievers(names: list[str], env: RetrieverEnv) -> list[Retriever]:
-    return [discovery.build(name, env) for name in names]
+    """Each retriever over ``env`` named as it was asked for, so that ``NAME.KEY`` options reach it; the options
+    themselves stay one shared object, which knows what none of them read."""
+    return [discovery.build(name, replace(env, name=name)) for name in names]
 
 
 def load_drafter(kind: str, env: DrafterEnv) -> Drafter:

@@ -1,5 +1,5 @@
-"""graft_cli.plugin, the one module a plugin imports: cheap for a retriever, its option rule, its API version
-check."""
+"""graft_cli.plugin, the one module a plugin imports: cheap for a retriever, its option rule, its API version check,
+and the old names of moved modules, which keep working for a release with a warning."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+import graft_cli
 from graft_cli import plugin
-from graft_cli.core import GraftError, Options, RetrieverEnv
+from graft_cli.core import GraftError, Options, RetrieverEnv, version
+from graft_cli.core.moved import MOVED, REMOVED_IN
 from tests.test_cli import run_main
 from tests.test_drafter_plugins import install_dist, tiny_dir  # noqa: F401 - tiny_dir: the fixture
 
@@ -80,3 +82,36 @@ def test_a_plugin_for_another_api_is_one_line_in_generate_and_listed_as_broken(t
     code, out, _ = run_main(["plugins", "list", "--json"], capsys)
     row = next(r for r in map(json.loads, out.splitlines()) if r["name"] == "future")
     assert code == 0 and not row["ok"] and "upgrade graft" in row["error"]
+
+
+def test_an_old_name_imports_the_new_module_and_warns_at_the_import_line(monkeypatch):
+    from graft_cli.core import tree
+
+    monkeypatch.delitem(sys.modules, "graft_cli.tree", raising=False)  # another test may have imported it
+    with pytest.warns(DeprecationWarning, match=r"^graft_cli.tree moved to graft_cli.core.tree; the old name goes in "
+                                                r"graft 0.2.0 \(a plugin imports all it needs from graft_cli.plugin\)"
+                      ) as caught:
+        from graft_cli.tree import Tree
+    assert Tree is tree.Tree and caught[0].filename == __file__
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_every_moved_name_is_its_new_module_and_no_file_of_its_own(old, monkeypatch):
+    path = ROOT.joinpath(*old.split("."))
+    assert not path.with_suffix(".py").exists() and not path.is_dir(), f"{old} is a real module: drop it from MOVED"
+    monkeypatch.delitem(sys.modules, old, raising=False)
+    with pytest.warns(DeprecationWarning, match=f"{old} moved to {MOVED[old]}"):
+        assert importlib.import_module(old) is importlib.import_module(MOVED[old])
+
+
+def test_the_moved_names_go_in_the_release_that_table_names():
+    release = lambda text: tuple(int(part) for part in text.split("."))
+    assert release(version.__version__) < release(REMOVED_IN), "this release drops the old names: empty MOVED"
+
+
+def test_a_missing_name_is_still_a_plain_module_not_found():
+    with pytest.raises(ModuleNotFoundError, match="No module named 'graft_cli.no_such_module'"):
+        importlib.import_module("graft_cli.no_such_module")
+    assert sum(type(f).__name__ == "MovedFinder" for f in sys.meta_path) == 1
+    importlib.reload(graft_cli)  # installed once, however often graft is imported
+    assert sum(type(f).__name__ == "MovedFinder" for f in sys.meta_path) == 1

@@ -41,20 +41,23 @@ def to_tree(nodes: Sequence[Any], source: str) -> Tree:
 
 class StoreRetriever(RetrieverDefaults):
     """A retriever that looks the context up in an on-disk store; subclasses set ``name``, ``kind`` and
-    :meth:`read_params` (the keyword arguments of the store's ``lookup``)."""
+    ``defaults`` (the keyword arguments of the store's ``lookup``, each an option read as its default's type), and
+    refuse the values the lookup cannot take in :meth:`check`."""
 
     name = ""
     kind = ""
+    defaults: dict[str, int | float] = {}
     calibrated = True  # by LookupCalibration, per matched length
 
     def __init__(self, env: RetrieverEnv) -> None:
         self.index = open_datastore(env, self.name, self.kind)
-        self.params = self.read_params(env)
+        self.params = {key: option(env, key, value, type(value)) for key, value in self.defaults.items()}
+        self.check(self.params)
         self.last = None  # the last lookup, for stats and debugging
         self.calibration = LookupCalibration()  # its one calibration layer (the proposer adds none)
 
-    def read_params(self, env: RetrieverEnv) -> dict[str, Any]:
-        raise NotImplementedError
+    def check(self, params: dict[str, Any]) -> None:
+        """Raise GraftError for a value of ``params`` the lookup cannot take."""
 
     def start(self, prompt: Sequence[int]) -> None:
         pass

@@ -18,7 +18,9 @@ target accepts that path, comparable across retrievers.
 
 from __future__ import annotations
 
-from graft_cli.plugin import GraftError, RetrieverEnv, option
+from typing import Any
+
+from graft_cli.plugin import GraftError, RetrieverEnv
 from plugins.store_retriever import StoreRetriever
 
 
@@ -27,21 +29,13 @@ class SuffixArrayRetriever(StoreRetriever):
 
     name = "suffix-array"
     kind = "suffix-array"
+    defaults = {"max_match": 16, "min_match": 2, "depth": 8, "max_occurrences": 512, "prior": 1.0}
 
-    def read_params(self, env: RetrieverEnv) -> dict:
-        n = self.name
-        params = {
-            "max_match": option(env, "max_match", 16, int),
-            "min_match": option(env, "min_match", 2, int),
-            "depth": option(env, "depth", 8, int),
-            "max_occurrences": option(env, "max_occurrences", 512, int),
-            "prior": option(env, "prior", 1.0, float),
-        }
+    def check(self, params: dict[str, Any]) -> None:
         if params["min_match"] < 1 or params["max_match"] < params["min_match"]:
-            raise GraftError(f"retriever {n}: need 1 <= min_match <= max_match")
+            raise GraftError(f"retriever {self.name}: need 1 <= min_match <= max_match")
         if params["depth"] < 1 or params["max_occurrences"] < 1 or params["prior"] < 0:
-            raise GraftError(f"retriever {n}: depth and max_occurrences must be at least 1, prior at least 0")
-        return params
+            raise GraftError(f"retriever {self.name}: depth and max_occurrences must be at least 1, prior at least 0")
 
 
 def make(env: RetrieverEnv) -> SuffixArrayRetriever:

@@ -45,6 +45,7 @@ _FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false":
 
 
 def _lazy(module: str, *names: str) -> dict[str, tuple[str, str]]:
+    """``names`` of ``module`` under their own names: a module's list, not one entry a name."""
     return {name: (module, name) for name in names}
 
 

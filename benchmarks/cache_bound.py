@@ -1,6 +1,6 @@
 """How much a cache of earlier answers could add at most, on a bench run's own answers.
 
-A response cache (plugins/responses.py) can only help where an answer repeats text from an *earlier* answer that
+A response cache (plugins/response_cache.py) can only help where an answer repeats text from an *earlier* answer that
 the answer's own prompt and text so far do not already hold (prompt lookup finds those). So, for every answer of a
 ``graft bench`` run, in the order the run produced them (``answers/<method>.jsonl``; every method's tokens are the
 same), each token is checked twice: is it the most frequent continuation of the longest match (``--min-match`` to

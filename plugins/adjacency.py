@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from datastores.atomic import atomic_file
-from graft_cli.core import RetrieverDefaults, RetrieverEnv, Step, Tree
+from graft_cli.plugin import RetrieverDefaults, RetrieverEnv, Step, Tree, option
 
 DEFAULT_TEMPLATE = (8, 10, 8, 6, 5, 4, 4, 4, 3)  # nodes per depth: 52 nodes, depth 9
 
@@ -186,11 +186,10 @@ class AdjacencyRetriever(RetrieverDefaults):
 
 
 def make(env: RetrieverEnv) -> AdjacencyRetriever:
-    opts = env.options
-    template = opts.get("recycling.template")
+    template = option(env, "template", None)
     return AdjacencyRetriever(
         env.vocab_size,
-        k=int(opts.get("recycling.k", 8)),
+        k=option(env, "k", 8, int),
         template=tuple(int(w) for w in template.split(",")) if template else DEFAULT_TEMPLATE,
-        path=opts.get("adjacency_file") or None,
+        path=option(env, "adjacency_file", None),
     )

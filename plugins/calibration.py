@@ -10,7 +10,7 @@ verified, so it keeps learning while the engine's budget gives a weak group no s
 
 from __future__ import annotations
 
-from graft_cli.core import Calibration, Step, Tree
+from graft_cli.plugin import Calibration, Step, Tree
 
 
 def match_group(length: int, cap: int = 4) -> str:

@@ -40,11 +40,10 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from graft_cli.core import defaults_for, DrafterEnv, GraftError, Outcome, PruneSchedule, Step
-from graft_cli.drafting import FixedLevels, TreeDrafter, model_catch_up, model_level, positions
-from graft_cli.runtime import (
-    Capture, CpuLinear, HalfLinear, Target, half_available, half_copy, loading, on, to_half, token_ranking,
-    use_cpu_linears,
+from graft_cli.plugin import (
+    RANKING_COVERAGE, Capture, CpuLinear, DrafterEnv, FixedLevels, GraftError, HalfLinear, Outcome, PruneSchedule,
+    Ranking, Step, Target, TreeDrafter, defaults_for, half_available, half_copy, load_model, load_ranking,
+    model_catch_up, model_level, on, positions, to_half, use_cpu_linears,
 )
 
 
@@ -62,7 +61,7 @@ def check_vocab(target_tokenizer: Any, draft_tokenizer: Any, spec: str) -> None:
 
 
 def draft_vocab(tokenizer: Any, vocab_size: int, size: int,
-                ranking: token_ranking.Ranking | None = None) -> torch.Tensor | None:
+                ranking: Ranking | None = None) -> torch.Tensor | None:
     """The target ids a draft model scores: the ``size`` most frequent by ``ranking`` (else the ``size`` lowest,
     which byte-level BPE tokenizers give their earliest merges), and every special or added token (stop tokens
     among them). None (the whole vocabulary) when that is not smaller, or ``size`` is 0."""
@@ -167,8 +166,8 @@ class DraftCache(Target):
         return None if self.extra is None else self.extra.weight.data_ptr()
 
 
-def default_vocab(asked: int | None, ranking: token_ranking.Ranking | None, device: str) -> int:
-    """``--draft-vocab`` as given; unset, the ranked tokens that cover ``token_ranking.COVERAGE`` of the counted
+def default_vocab(asked: int | None, ranking: Ranking | None, device: str) -> int:
+    """``--draft-vocab`` as given; unset, the ranked tokens that cover ``RANKING_COVERAGE`` of the counted
     corpus on a CPU, where that was measured faster (a GPU's draft forward is not bound by streaming its head:
     unmeasured there, so it keeps the whole vocabulary), and the whole vocabulary without a ranking."""
     if asked is not None:
@@ -176,7 +175,7 @@ def default_vocab(asked: int | None, ranking: token_ranking.Ranking | None, devi
     if ranking is None or not defaults_for(device).ranked_draft_vocab:
         return 0
     size = ranking.size_for()
-    print(f"graft: the draft model scores the {size:,} tokens that cover {token_ranking.COVERAGE:.2%} of a counted "
+    print(f"graft: the draft model scores the {size:,} tokens that cover {RANKING_COVERAGE:.2%} of a counted "
           f"corpus ({ranking.corpus or 'graft models vocab'}), and each prompt's own; --draft-vocab 0 scores all",
           file=sys.stderr)
     return size
@@ -336,7 +335,7 @@ def make(env: DrafterEnv) -> DraftModelDrafter:
     default) its linears run over half-precision weights (graft_cli/runtime/half_linear.py)."""
     target = env.target
     dtype = str(next(target.model.parameters()).dtype).replace("torch.", "")
-    loaded = loading.load_model(env.spec, target.device, dtype)  # looked up per call: graft bench shares models
+    loaded = load_model(env.spec, target.device, dtype)
     check_vocab(target.tokenizer, loaded.tokenizer, env.spec)
     model = loaded.model
     settings = env.settings
@@ -347,7 +346,7 @@ def make(env: DrafterEnv) -> DraftModelDrafter:
                              "(use --draft-weights full)")
         model = half_copy(model)  # the loaded draft stays as it is: graft bench's hf-assisted shares it
     size = target.model.config.vocab_size
-    ranking = token_ranking.load(target.tokenizer, size)
+    ranking = load_ranking(target.tokenizer, size)
     kept = draft_vocab(target.tokenizer, size, default_vocab(settings.draft_vocab, ranking, target.device), ranking)
     return DraftModelDrafter(model, size, depth=settings.depth, top_k=settings.draft_top_k, prune=env.prune,
                              chain=settings.chain, vocab=kept, window=settings.draft_window or 0,

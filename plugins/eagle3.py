@@ -12,10 +12,10 @@ from typing import Any, Sequence
 
 import torch
 
-from graft_cli.core import DrafterEnv, GraftError, Needs, Outcome, PruneSchedule, Step
-from graft_cli.drafting import FixedLevels, TreeDrafter, head_catch_up, head_level, kernels_outside, positions
-from graft_cli.heads import Eagle3Head, head_layers, load_head
-from graft_cli.runtime import Capture
+from graft_cli.plugin import (
+    Capture, DrafterEnv, Eagle3Head, FixedLevels, GraftError, Needs, Outcome, PruneSchedule, Step, TreeDrafter,
+    head_catch_up, head_level, head_layers, kernels_outside, load_head, positions,
+)
 
 
 class Eagle3Drafter(TreeDrafter):

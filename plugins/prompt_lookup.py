@@ -16,9 +16,9 @@ from typing import Sequence
 import numpy as np
 
 from datastores.suffix_array import SEP, continuation_trie
-from graft_cli.core import RetrieverDefaults, RetrieverEnv, Step, Tree
+from graft_cli.plugin import RetrieverDefaults, RetrieverEnv, Step, Tree, option
 from plugins.calibration import LookupCalibration, match_group
-from plugins.store import to_tree
+from plugins.store_retriever import to_tree
 
 
 class PromptLookup(RetrieverDefaults):
@@ -71,10 +71,9 @@ class PromptLookup(RetrieverDefaults):
 
 
 def make(env: RetrieverEnv) -> PromptLookup:
-    opts = env.options
     return PromptLookup(
-        min_match=int(opts.get("prompt.min_match", 1)),
-        max_match=int(opts.get("prompt.max_match", 8)),
-        max_length=int(opts.get("prompt.max_length", 10)),
-        max_matches=int(opts.get("prompt.max_matches", 8)),
+        min_match=option(env, "min_match", 1, int),
+        max_match=option(env, "max_match", 8, int),
+        max_length=option(env, "max_length", 10, int),
+        max_matches=option(env, "max_matches", 8, int),
     )

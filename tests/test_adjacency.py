@@ -115,7 +115,7 @@ def test_entry_point_and_options(tmp_path):
     factory = load_factory("recycling")
     path = tmp_path / "a.safetensors"
     table = factory(RetrieverEnv(vocab_size=33, options={"adjacency_file": str(path), "recycling.k": "5",
-                                                         "recycling.template": "4,3"}))
+                                                         "recycling.template": "4,3"}, name="recycling"))
     assert table.name == "recycling" and table.k == 5 and table.template == (4, 3) and table.path == path
     assert factory(RetrieverEnv(vocab_size=33)).template == DEFAULT_TEMPLATE
 

@@ -199,14 +199,15 @@ def test_suffix_array_retriever_plugin(random_store, tmp_path):
 
     from graft_cli.core import GraftError
     from graft_cli.core import RetrieverEnv
-    from plugins.suffix_array import make
+    from plugins.suffix_array_retriever import make
     from tokenizers import Tokenizer
 
     docs, path, _ = random_store
     eps = {e.name: e.value for e in entry_points(group="graft.retrievers")}
-    assert eps.get("suffix-array") == "plugins.suffix_array:make"
+    assert eps.get("suffix-array") == "plugins.suffix_array_retriever:make"
     tok = Tokenizer.from_file(str(path / "tokenizer.json"))
-    env = RetrieverEnv(vocab_size=201, tokenizer=tok, options={"datastore": str(path), "suffix-array.depth": "3"})
+    env = RetrieverEnv(vocab_size=201, tokenizer=tok, options={"datastore": str(path), "suffix-array.depth": "3"},
+                       name="suffix-array")
     r = make(env)
     assert r.name == "suffix-array" and r.params["depth"] == 3
     r.start(docs[0])

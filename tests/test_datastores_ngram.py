@@ -170,13 +170,14 @@ def test_embeddings_bf16_f16_and_sharded_checkpoints(tmp_path):
 def test_ngram_retriever_plugin(ngram_store, tmp_path):
     from graft_cli.core import GraftError
     from graft_cli.core import RetrieverEnv
-    from plugins.ngram_faiss import make
-    from plugins.suffix_array import make as make_sa
+    from plugins.ngram_retriever import make
+    from plugins.suffix_array_retriever import make as make_sa
     from tokenizers import Tokenizer
 
     _, path, _, _ = ngram_store
     tok = Tokenizer.from_file(str(path / "tokenizer.json"))
-    r = make(RetrieverEnv(vocab_size=201, tokenizer=tok, options={"datastore": str(path), "ngram.min_sim": "0.9"}))
+    r = make(RetrieverEnv(vocab_size=201, tokenizer=tok, options={"datastore": str(path), "ngram.min_sim": "0.9"},
+                          name="ngram"))
     tree = r.retrieve([1, 5, 11, 7], budget=6)
     assert 0 < len(tree) <= 6 and tree.nodes[0].token == 9 and tree.nodes[0].source == "ngram"
     with pytest.raises(GraftError, match="is a ngram store; the suffix-array retriever reads suffix-array stores"):

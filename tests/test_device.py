@@ -41,7 +41,7 @@ HOT_PATH = [
     "graft_cli/runtime/engine.py", "graft_cli/runtime/target.py", "graft_cli/runtime/verify.py", "graft_cli/runtime/sampling.py", "graft_cli/core/tree.py",
     "graft_cli/drafting/proposer.py", "graft_cli/drafting/cost_aware.py", "graft_cli/drafting/budget.py",
     "graft_cli/drafting/tree_drafter.py", "graft_cli/drafting/pool.py", "graft_cli/drafting/stop.py", "plugins/draft_model.py",
-    "plugins/eagle3.py", "plugins/adjacency.py", "plugins/prompt_lookup.py", "plugins/store.py",
+    "plugins/eagle3.py", "plugins/adjacency.py", "plugins/prompt_lookup.py", "plugins/store_retriever.py",
     "graft_cli/runtime/fixed_shapes.py", "graft_cli/runtime/device_accept.py", "graft_cli/runtime/fixed_target.py",
     "graft_cli/runtime/graphs.py", "graft_cli/drafting/fixed_levels.py",
 ]

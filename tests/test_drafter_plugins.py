@@ -25,9 +25,9 @@ from graft_cli.runtime.sampling import Sampling
 from graft_cli.bench.synthetic import save_model_dir, word_tokenizer
 from graft_cli.runtime.target import Target
 from tests.test_cli import run_main
+from tests.test_plugins import doc_package
 from tests.tiny import tiny_model
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 PROMPT = "t7 t7 t7 t7 t7 t3 t7 t7"
 
 
@@ -46,8 +46,7 @@ def install_dist(site: Path, name: str, entry_points: dict[str, dict[str, str]],
 @pytest.fixture
 def echo_installed(tmp_path, monkeypatch):
     """The doc's drafter (its pyproject and module taken from the doc itself) and a broken drafter, installed."""
-    section = DOC.read_text().split("## Drafters", 1)[1]
-    blocks = dict(re.findall(r"```(toml|python)\n(.*?)```", section, re.S))
+    blocks = doc_package("A complete third-party drafter")
     project = tomllib.loads(blocks["toml"])["project"]
     site = tmp_path / "site"
     site.mkdir()

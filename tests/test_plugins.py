@@ -1,11 +1,14 @@
-"""Third-party retrievers: the minimal plugin of docs/plugins.md, really installed, discovered and used."""
+"""Third-party retrievers: the complete plugin of docs/plugins.md, really installed, listed and proposing in a
+generation; a broken one reported without breaking the others; bad proposals dropped."""
 
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -16,9 +19,18 @@ from graft_cli.drafting.proposer import GraftProposer
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
 from graft_cli.core import Needs, RetrieverEnv
+from tests.bench_fixtures import tiny_dir  # noqa: F401 - the fixture: a tiny random model with SmolLM2's tokenizer
+from tests.test_cli import run_main
 from tests.tiny import tiny_model
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
+
+
+def doc_package(heading: str) -> dict[str, str]:
+    """The code blocks of the section ``heading`` of docs/plugins.md by language (``toml``: the pyproject,
+    ``python``: the module): what the tests install is exactly what the docs show."""
+    section = DOC.read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return dict(re.findall(r"```(toml|python)\n(.*?)```", section, re.S))
 
 
 def install(source_dir: Path, target: Path) -> None:
@@ -31,13 +43,14 @@ def install(source_dir: Path, target: Path) -> None:
 
 @pytest.fixture
 def installed(tmp_path, monkeypatch):
-    """The doc's plugin (both files taken from the doc itself) plus a broken one, installed into a folder on sys.path."""
-    blocks = re.findall(r"```(toml|python)\n(.*?)```", DOC.read_text(), re.S)
-    pyproject, module = blocks[0][1], blocks[1][1]
+    """The doc's retriever package (its pyproject and module, taken from the doc) plus a broken one, installed by
+    pip into a folder on sys.path."""
+    blocks = doc_package("A complete third-party retriever")
     good = tmp_path / "graft-repeat"
     good.mkdir()
-    (good / "pyproject.toml").write_text(pyproject)
-    (good / "graft_repeat.py").write_text(module)
+    (good / "pyproject.toml").write_text(blocks["toml"])
+    module = tomllib.loads(blocks["toml"])["tool"]["setuptools"]["py-modules"][0]
+    (good / f"{module}.py").write_text(blocks["python"])
     broken = tmp_path / "graft-broken"
     broken.mkdir()
     (broken / "pyproject.toml").write_text(
@@ -55,18 +68,30 @@ def installed(tmp_path, monkeypatch):
     return site
 
 
-def test_a_third_party_plugin_is_discovered_and_used(installed):
-    found = discovery.discover()
-    assert {"repeat", "broken", "prompt"} <= set(found)
-    assert found["repeat"].package == "graft-repeat"
+def generate_jsonl(tiny_dir: Path, capsys, monkeypatch, *flags: str) -> dict:
+    """One ``graft generate --jsonl`` record (text and stats) for a prompt of repeats."""
+    line = json.dumps({"id": 1, "prompt": "# # # # # # # # # #"}).encode()
+    code, out, err = run_main(["generate", "--model", str(tiny_dir), "--raw", "--jsonl", "-n", "24", *flags], capsys,
+                              stdin=line, monkeypatch=monkeypatch)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_the_doc_retriever_installs_lists_and_proposes_in_a_generation(installed, tiny_dir, capsys, monkeypatch):
+    code, out, _ = run_main(["plugins", "list", "--json"], capsys)
+    rows = {row["name"]: row for row in map(json.loads, out.splitlines())}
+    assert code == 0 and rows["repeat"]["ok"] and (rows["repeat"]["package"], rows["repeat"]["version"]) == (
+        "graft-repeat", "0.1.0")
+    plain = generate_jsonl(tiny_dir, capsys, monkeypatch, "--method", "ar")
+    record = generate_jsonl(tiny_dir, capsys, monkeypatch, "--retrievers", "repeat", "--retriever-opt",
+                            "repeat.length=6")
+    assert record["text"] == plain["text"]  # a retriever changes the speed only
+    assert record["stats"]["proposed"].get("repeat", 0) > 0  # its nodes were verified
     with pytest.raises(ImportError, match="broken"):
         discovery.load_factory("broken")
-    retriever = discovery.load_factory("repeat")(RetrieverEnv(vocab_size=97, options={"repeat.length": "3"}))
-    model = tiny_model(seed=0)
-    prompt = [7, 7, 7, 7, 7]
-    plain = [t for s in decode(Target(model), GraftProposer(0), prompt, Sampling(), 20, set()) for t in s]
-    proposer = GraftProposer(8, [retriever])
-    assert [t for s in decode(Target(model), proposer, prompt, Sampling(), 20, set()) for t in s] == plain
+    retriever = discovery.load_factory("repeat")(RetrieverEnv(vocab_size=97, options={"repeat.length": "3"},
+                                                              name="repeat"))
+    assert retriever.length == 3
 
 
 def test_plugins_list_reports_a_broken_plugin_without_failing(installed, capsys):

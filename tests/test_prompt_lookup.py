@@ -48,7 +48,7 @@ def test_a_long_prompt_gives_the_trie_of_a_full_scan():
 
     from datastores.suffix_array import SEP, continuation_trie
     from plugins.calibration import LookupCalibration, match_group
-    from plugins.store import to_tree
+    from plugins.store_retriever import to_tree
 
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, 12, 8000).tolist()  # a small alphabet: every short n-gram recurs hundreds of times

@@ -21,7 +21,7 @@ from graft_cli.runtime.target import Target
 from graft_cli.bench.synthetic import word_tokenizer
 from plugins.prompt_lookup import PromptLookup
 from plugins.response_index import ResponseIndex, lookup
-from plugins.responses import make
+from plugins.response_cache import make
 from tests.bench_fixtures import run_cli, tiny_dir  # noqa: F401 - tiny_dir: the fixture
 from tests.tiny import tiny_model
 
@@ -34,7 +34,7 @@ def model():
 
 
 def cache(**options: str):
-    return make(RetrieverEnv(vocab_size=97, tokenizer=word_tokenizer(), options=options))
+    return make(RetrieverEnv(vocab_size=97, tokenizer=word_tokenizer(), options=options, name="responses"))
 
 
 def run(model, proposer, prompt, sampling=Sampling(), seed=None, n=80) -> tuple[list[int], Stats]:

@@ -1,4 +1,4 @@
-"""graft's vocabulary: the types every part speaks, and the only names of graft_cli a retriever plugin needs.
+"""graft's vocabulary: the types every part speaks (a plugin gets them from graft_cli.plugin, which re-exports them).
 
 Nothing here imports torch, a model, the command line or a plugin, so it is cheap to import and sits below
 every other layer (docs/architecture.md, "Layers").

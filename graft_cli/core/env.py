@@ -46,6 +46,7 @@ class RetrieverEnv:
     device: str = "cpu"
     tokenizer: Any = None  # the target's Hugging Face tokenizer
     options: dict[str, str] = field(default_factory=dict)  # e.g. {"datastore": "path"} from the command line
+    name: str = ""  # what the retriever is installed as (its entry point): the prefix of its own options
 
 
 @dataclass(frozen=True)

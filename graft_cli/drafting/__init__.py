@@ -1,7 +1,7 @@
 """Drafting and retrieval policy: how a step's tree is grown, pruned, grafted and sized.
 
-The public names here are what a drafter plugin builds on (``TreeDrafter``) and what the method configuration
-assembles (the proposers and their cost models).
+The public names here are what graft_cli.plugin hands a drafter plugin (``TreeDrafter``) and what the method
+configuration assembles (the proposers and their cost models).
 """
 
 from graft_cli.drafting.budget import LatencyModel

@@ -3,6 +3,8 @@ the cost-aware proposer) with some parts switched on, its drafter and retrievers
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from datastores import DatastoreError, read_store, resolve_store
 from graft_cli.core import discovery
 from graft_cli.catalog import graft_home
@@ -19,7 +21,9 @@ __all__ = ["MethodConfig", "build", "check_datastore", "load_drafter", "make_dra
 
 
 def make_retrievers(names: list[str], env: RetrieverEnv) -> list[Retriever]:
-    return [discovery.build(name, env) for name in names]
+    """Each retriever over ``env`` named as it was asked for, so that ``NAME.KEY`` options reach it; the options
+    themselves stay one shared object, which knows what none of them read."""
+    return [discovery.build(name, replace(env, name=name)) for name in names]
 
 
 def load_drafter(kind: str, env: DrafterEnv) -> Drafter:

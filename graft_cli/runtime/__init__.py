@@ -1,7 +1,7 @@
 """The model layer: loading a model, its KV cache and attention, one forward per step, and the decoding loop.
 
-Public names a drafter plugin builds on: ``Target`` (a model's prefill, tree forward and cache compaction),
-``load_model`` and ``Loaded``, the CPU kernels (``half_copy``, ``half_available``), and the token ranking.
+What graft_cli.plugin hands a drafter plugin from here: ``Target`` (a model's prefill, tree forward and cache
+compaction), ``load_model`` and ``Loaded``, the CPU kernels (``half_copy``, ``half_available``), and the token ranking.
 """
 
 from graft_cli.runtime import loading, token_ranking

@@ -1,6 +1,6 @@
 """Retriever over a FAISS n-gram datastore (``graft index build --kind ngram``).
 
-Entry point ``ngram = "plugins.ngram_faiss:make"``. Options (strings; ``ngram.<key>`` wins over ``<key>``):
+Entry point ``ngram = "plugins.ngram_retriever:make"``. Options (strings; ``ngram.<key>`` wins over ``<key>``):
 
 ``datastore``   store name (under ``$GRAFT_HOME/datastores``) or path -- required
 ``neighbours``  nearest stored contexts consulted besides the exact one (8; 0 = exact n-grams only)
@@ -13,8 +13,10 @@ its neighbours; deeper nodes multiply by the exact n-gram probability of each ne
 
 from __future__ import annotations
 
-from graft_cli.core import GraftError, RetrieverEnv
-from plugins.store import StoreRetriever, option
+from typing import Any
+
+from graft_cli.plugin import GraftError, RetrieverEnv
+from plugins.store_retriever import StoreRetriever
 
 
 class NgramRetriever(StoreRetriever):
@@ -22,17 +24,11 @@ class NgramRetriever(StoreRetriever):
 
     name = "ngram"
     kind = "ngram"
+    defaults = {"neighbours": 8, "min_sim": 0.8, "depth": 8}
 
-    def read_params(self, env: RetrieverEnv) -> dict:
-        n = self.name
-        params = {
-            "neighbours": option(env, n, "neighbours", 8, int),
-            "min_sim": option(env, n, "min_sim", 0.8, float),
-            "depth": option(env, n, "depth", 8, int),
-        }
+    def check(self, params: dict[str, Any]) -> None:
         if params["neighbours"] < 0 or params["depth"] < 1:
-            raise GraftError(f"retriever {n}: neighbours must be at least 0 and depth at least 1")
-        return params
+            raise GraftError(f"retriever {self.name}: neighbours must be at least 0 and depth at least 1")
 
 
 def make(env: RetrieverEnv) -> NgramRetriever:

@@ -1,40 +1,27 @@
-"""What the datastore retrievers share: options, opening a store (checked for kind and tokenizer, opened once per
-process), and the retriever shape itself, so that a store retriever only says which store kind it reads and which
-lookup parameters it takes."""
+"""What the datastore retrievers share: opening a store (checked for kind and tokenizer, opened once per process),
+and the retriever shape itself, so that a store retriever only says which store kind it reads and which lookup
+parameters it takes."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from datastores import DatastoreError, fingerprint_from_tokenizer, open_store, resolve_store
-from graft_cli.catalog import graft_home
-from graft_cli.core import GraftError, RetrieverDefaults, RetrieverEnv, Step, Tree
+from graft_cli.plugin import GraftError, RetrieverDefaults, RetrieverEnv, Step, Tree, graft_home, option
 from plugins.calibration import LookupCalibration, match_group
 
 _OPEN: dict[tuple[str, str | None, str], Any] = {}  # opened stores, shared by the retrievers of one process
 
 
-def option(env: RetrieverEnv, name: str, key: str, default: Any, cast: Callable[[str], Any] = str) -> Any:
-    """``env.options["<name>.<key>"]``, else ``env.options[key]``, else ``default``, cast with ``cast``."""
-    opts = env.options or {}
-    raw = opts.get(f"{name}.{key}", opts.get(key))
-    if raw is None or raw == "":
-        return default
-    try:
-        return cast(raw)
-    except (TypeError, ValueError):
-        raise GraftError(f"retriever {name}: option {key} must be a {cast.__name__}, not {raw!r}") from None
-
-
 def open_datastore(env: RetrieverEnv, name: str, kind: str):
     """Open the store named by the ``datastore`` option, checking its kind and tokenizer."""
-    spec = option(env, name, "datastore", None)
+    spec = option(env, "datastore", None)
     if not spec:
         raise GraftError(f"retriever {name} needs a datastore (--datastore NAME_OR_PATH; `graft index list` shows them)")
     try:
         path = resolve_store(spec, graft_home())
         fingerprint = fingerprint_from_tokenizer(env.tokenizer) if env.tokenizer is not None else None
-        verify = option(env, name, "verify", False, lambda s: str(s).lower() in ("1", "true", "yes"))
+        verify = option(env, "verify", False, bool)
         key = (str(path.resolve()), fingerprint, env.device)
         index = _OPEN.get(key)
         if index is None or verify:
@@ -54,20 +41,23 @@ def to_tree(nodes: Sequence[Any], source: str) -> Tree:
 
 class StoreRetriever(RetrieverDefaults):
     """A retriever that looks the context up in an on-disk store; subclasses set ``name``, ``kind`` and
-    :meth:`read_params` (the keyword arguments of the store's ``lookup``)."""
+    ``defaults`` (the keyword arguments of the store's ``lookup``, each an option read as its default's type), and
+    refuse the values the lookup cannot take in :meth:`check`."""
 
     name = ""
     kind = ""
+    defaults: dict[str, int | float] = {}
     calibrated = True  # by LookupCalibration, per matched length
 
     def __init__(self, env: RetrieverEnv) -> None:
         self.index = open_datastore(env, self.name, self.kind)
-        self.params = self.read_params(env)
+        self.params = {key: option(env, key, value, type(value)) for key, value in self.defaults.items()}
+        self.check(self.params)
         self.last = None  # the last lookup, for stats and debugging
         self.calibration = LookupCalibration()  # its one calibration layer (the proposer adds none)
 
-    def read_params(self, env: RetrieverEnv) -> dict[str, Any]:
-        raise NotImplementedError
+    def check(self, params: dict[str, Any]) -> None:
+        """Raise GraftError for a value of ``params`` the lookup cannot take."""
 
     def start(self, prompt: Sequence[int]) -> None:
         pass

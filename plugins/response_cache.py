@@ -26,10 +26,10 @@ import numpy as np
 from datastores import DatastoreError, fingerprint_from_tokenizer
 from datastores.responses import read_responses, write_responses
 from datastores.suffix_array import continuation_trie
-from graft_cli.core import GraftError, RetrieverDefaults, RetrieverEnv, Step, Tree
+from graft_cli.plugin import GraftError, RetrieverDefaults, RetrieverEnv, Step, Tree, option
 from plugins.calibration import LookupCalibration, match_group
 from plugins.response_index import ResponseIndex, Run, lookup
-from plugins.store import option, to_tree
+from plugins.store_retriever import to_tree
 
 NAME = "responses"
 
@@ -133,14 +133,14 @@ class ResponseCache(RetrieverDefaults):
 
 
 def make(env: RetrieverEnv) -> ResponseCache:
-    index = ResponseIndex(option(env, NAME, "max_tokens", 1_000_000, int), option(env, NAME, "max_match", 8, int))
-    path = option(env, NAME, "file", None)
+    index = ResponseIndex(option(env, "max_tokens", 1_000_000, int), option(env, "max_match", 8, int))
+    path = option(env, "file", None)
     file = None
     if path:
         fingerprint = fingerprint_from_tokenizer(env.tokenizer) if env.tokenizer is not None else None
         file = CacheFile(path, fingerprint, env.vocab_size)
-    return ResponseCache(index, min_match=option(env, NAME, "min_match", 2, int),
-                         max_length=option(env, NAME, "max_length", 16, int),
-                         max_matches=option(env, NAME, "max_matches", 64, int), file=file,
-                         factor=option(env, NAME, "factor", 0.0, float),
-                         min_score=option(env, NAME, "min_score", 0.0, float))
+    return ResponseCache(index, min_match=option(env, "min_match", 2, int),
+                         max_length=option(env, "max_length", 16, int),
+                         max_matches=option(env, "max_matches", 64, int), file=file,
+                         factor=option(env, "factor", 0.0, float),
+                         min_score=option(env, "min_score", 0.0, float))

@@ -1,6 +1,6 @@
 """Retriever over a suffix-array datastore (``graft index build --kind suffix-array``).
 
-Entry point ``suffix-array = "plugins.suffix_array:make"``. Options (``env.options``, strings; a key prefixed
+Entry point ``suffix-array = "plugins.suffix_array_retriever:make"``. Options (``env.options``, strings; a key prefixed
 with the retriever's name, e.g. ``suffix-array.datastore``, wins over the plain key):
 
 ``datastore``        store name (under ``$GRAFT_HOME/datastores``) or path -- required
@@ -18,8 +18,10 @@ target accepts that path, comparable across retrievers.
 
 from __future__ import annotations
 
-from graft_cli.core import GraftError, RetrieverEnv
-from plugins.store import StoreRetriever, option
+from typing import Any
+
+from graft_cli.plugin import GraftError, RetrieverEnv
+from plugins.store_retriever import StoreRetriever
 
 
 class SuffixArrayRetriever(StoreRetriever):
@@ -27,21 +29,13 @@ class SuffixArrayRetriever(StoreRetriever):
 
     name = "suffix-array"
     kind = "suffix-array"
+    defaults = {"max_match": 16, "min_match": 2, "depth": 8, "max_occurrences": 512, "prior": 1.0}
 
-    def read_params(self, env: RetrieverEnv) -> dict:
-        n = self.name
-        params = {
-            "max_match": option(env, n, "max_match", 16, int),
-            "min_match": option(env, n, "min_match", 2, int),
-            "depth": option(env, n, "depth", 8, int),
-            "max_occurrences": option(env, n, "max_occurrences", 512, int),
-            "prior": option(env, n, "prior", 1.0, float),
-        }
+    def check(self, params: dict[str, Any]) -> None:
         if params["min_match"] < 1 or params["max_match"] < params["min_match"]:
-            raise GraftError(f"retriever {n}: need 1 <= min_match <= max_match")
+            raise GraftError(f"retriever {self.name}: need 1 <= min_match <= max_match")
         if params["depth"] < 1 or params["max_occurrences"] < 1 or params["prior"] < 0:
-            raise GraftError(f"retriever {n}: depth and max_occurrences must be at least 1, prior at least 0")
-        return params
+            raise GraftError(f"retriever {self.name}: depth and max_occurrences must be at least 1, prior at least 0")
 
 
 def make(env: RetrieverEnv) -> SuffixArrayRetriever:

@@ -2,9 +2,13 @@
 alternating which goes first, so that a shared machine's drift hits both alike.
 
     python -m benchmarks.side_by_side --before ../old-checkout --after . --out DIR [--limit 2] [--threads 1]
+        [--variant 'head=graft draft=eagle3:smollm2-135m-instruct-eagle3']
         [--after-variant 'cached=graft retrievers=prompt,recycling,responses']
+        [--model qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --categories coding,math,...]
+        [--methods ar,pld,graft]
 
-Each checkout runs its own `.venv/bin/graft`. Then per side and method: mean tokens/s over questions (Spec-Bench's
+Each checkout runs its own `.venv/bin/graft` (``--variant``: a named method both sides run too; ``--draft``: the
+draft model of graft's column). Then per side and method: mean tokens/s over questions (Spec-Bench's
 definition), the speedup over `ar`, after against before, and whether the two sides' tokens are identical.
 Writes DIR/side_by_side.md; a run that stopped resumes where it was (finished categories are kept).
 """
@@ -30,11 +34,12 @@ def run(tree: Path, side: str, category: str, args: argparse.Namespace) -> None:
     out = args.out / side / category
     if (out / "results.json").exists():
         return
-    variant = args.after_variant if side == "after" else None
-    methods = METHODS + (f",{variant.split('=')[0]}" if variant else "")
+    variants = [v for v in (args.variant, args.after_variant if side == "after" else None) if v]
+    methods = ",".join([args.methods, *(v.split("=")[0] for v in variants)])
     cmd = [str(tree / ".venv/bin/graft"), "bench", "--dataset", "spec-bench", "--categories", category, "--limit",
            str(args.limit), "--max-new-tokens", "128", "--methods", methods, "--threads", str(args.threads),
-           "--no-plots", "--out", str(out), *(["--variant", variant] if variant else [])]
+           "--model", args.model, *(["--draft", args.draft] if args.draft else []), "--no-plots", "--out", str(out),
+           *(flag for v in variants for flag in ("--variant", v))]
     t0 = time.time()
     with open(args.out / f"{side}-{category}.log", "w") as log:
         subprocess.run(cmd, cwd=tree, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
@@ -83,12 +88,18 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--limit", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--variant", default=None, help="'NAME=METHOD FIELD=VALUE ...' run on both sides")
     ap.add_argument("--after-variant", default=None, help="'NAME=METHOD FIELD=VALUE ...' run on the after side too")
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--methods", default=METHODS, help=f"graft bench --methods (default {METHODS})")
+    ap.add_argument("--draft", default=None, help="graft's draft model (--draft of graft bench)")
+    ap.add_argument("--categories", default=",".join(CATEGORIES), help="comma-separated Spec-Bench categories")
     ap.add_argument("--report", action="store_true", help="only write the table from what has run")
     args = ap.parse_args()
+    args.out = args.out.resolve()  # each side runs in its own checkout
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report:
-        for i, category in enumerate(CATEGORIES):
+        for i, category in enumerate(args.categories.split(",")):
             for side in (("before", "after") if i % 2 == 0 else ("after", "before")):
                 run(args.before if side == "before" else args.after, side, category, args)
     text = report(args)

@@ -1,5 +1,5 @@
-"""What benchmarks/host_overhead.py decodes with, built once: a suffix-array store over real text and an EAGLE-3
-head with random weights (see host_overhead.py)."""
+"""What the host-time instrument decodes with from the command line: a suffix-array store over real text, built
+once, and an EAGLE-3 head with random weights (see the package's docstring)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ def random_head(root: Path, target: torch.nn.Module, draft_vocab: int, sharpness
                   intermediate_size=c.intermediate_size, vocab_size=c.vocab_size, draft_vocab_size=draft_vocab,
                   rms_norm_eps=1e-5, hidden_act="silu")
     (root / "config.json").write_text(json.dumps(config))
-    cfg = HeadConfig(c.hidden_size, heads, kv, head_dim, c.intermediate_size, c.vocab_size, draft_vocab, 1e4, 1e-5, "silu")
+    cfg = HeadConfig(c.hidden_size, heads, kv, head_dim, c.intermediate_size, c.vocab_size, draft_vocab, 1e4, 1e-5,
+                     "silu")
     gen = torch.Generator().manual_seed(0)
     tensors = {}
     for name, shape in expected_shapes(cfg, c.hidden_size).items():

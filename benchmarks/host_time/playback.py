@@ -1,21 +1,24 @@
-"""Playback for benchmarks/host_overhead.py: a decoding's model forwards recorded once (their outputs and their
-writes to the KV caches), then played back without running them, on a modelled clock; and the measurement that
-says why (host code on warm caches and right after a CPU forward's worth of weights). See host_overhead.py."""
+"""Playback: a decoding's model forwards recorded once (their outputs and their writes to the KV caches), then
+played back without running them, on a modelled clock; and the measurement that says why (host code on warm
+caches and right after a CPU forward's worth of weights). See the package's docstring."""
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
 
-from graft_cli.drafting.budget import LatencyModel
-from graft_cli.runtime.kv_cache import PositionLayer
+from graft_cli.core import Tree
+from graft_cli.drafting import LatencyModel
+from graft_cli.runtime.kv_cache import PositionCache
 
 
 class Replay:
     """Model forwards recorded once (outputs and KV-cache writes), then played back without running them, on a
-    modelled clock that both passes share (see host_overhead.py's docstring)."""
+    modelled clock that every pass starts from zero: a target forward costs ``target_s`` times the CUDA latency
+    curve at the rows it feeds, a draft forward ``draft_share`` of that, host code nothing."""
 
     def __init__(self, target_s: float, draft_share: float, write_kv: bool = False) -> None:
         self.target_s, self.draft_share = target_s, draft_share
@@ -31,9 +34,13 @@ class Replay:
     def clock(self) -> float:
         return self.now
 
-    def wrap(self, fn: Callable, target: bool, cache: Any) -> Callable:
-        """``fn`` recorded or played back; ``cache``: the PositionCache its writes go to (played back there: a
-        replay's proposer has caches of its own)."""
+    def begin(self, replaying: bool) -> None:
+        """A pass from the start: the record's (forwards run) or a replay's, the modelled clock at zero."""
+        self.replaying, self.at, self.now = replaying, 0, 0.0
+
+    def wrap(self, fn: Callable, target: bool, cache: PositionCache) -> Callable:
+        """``fn`` recorded or played back; ``cache``: the cache its writes go to (played back there: a replay's
+        proposer has caches of its own)."""
 
         @functools.wraps(fn)
         def forward(*args, **kwargs):
@@ -53,10 +60,25 @@ class Replay:
 
         return forward
 
-    def _play(self, rows: int, cache: Any) -> Any:
+    def watch(self, cache: PositionCache) -> None:
+        """Log every write to ``cache``'s layers made by a recorded forward (the replay repeats them): each layer's
+        ``update`` wrapped on the layer, which the model calls through its cache."""
+        for layer in cache.layers:
+            layer.update = self._logged(layer.number, layer.update)
+
+    def _logged(self, number: int, update: Callable) -> Callable:
+        @functools.wraps(update)
+        def logged(keys, values, *args, **kwargs):
+            if self._writes is not None:
+                self._writes.append((number, tuple(keys.shape), keys.dtype, keys.device))
+            return update(keys, values, *args, **kwargs)
+
+        return logged
+
+    def _play(self, rows: int, cache: PositionCache) -> Any:
         if self.at >= len(self.calls) or self.calls[self.at][0] != rows:
             want = self.calls[self.at][0] if self.at < len(self.calls) else "none"
-            raise SystemExit(f"host_overhead: the replay diverged at forward {self.at} ({rows} rows fed, {want} "
+            raise SystemExit(f"host_time: the replay diverged at forward {self.at} ({rows} rows fed, {want} "
                              "recorded): its timing would not be of the same decoding")
         _, out, writes = self.calls[self.at]
         self.at += 1
@@ -66,25 +88,28 @@ class Replay:
             if zeros is None:
                 zeros = self._zeros[(shape, dtype, device)] = torch.zeros(shape, dtype=dtype, device=device)
             if self.write_kv:
-                PositionLayer.update.__wrapped__(layer, zeros, zeros)
-            else:
+                layer.update(zeros, zeros)
+            elif cache.write_index is None:  # (a fixed-shape forward writes through the index: no rows to count)
                 # a GPU writes the keys and values in its own memory: only the rows are counted here. Writing
                 # zeros (a verification's rows of every layer, megabytes) would evict the host code's caches
                 # as a CPU forward does, a cost that does not transfer to a GPU
                 layer.filled = layer.make_room(zeros)
         return out  # not a copy: every vocabulary-wide use of it is played back too, so nothing changes it
 
-    def recording(self) -> Callable:
-        """``PositionLayer.update`` that logs each write of a recorded forward (the replay repeats them)."""
-        update = PositionLayer.update
 
-        @functools.wraps(update)
-        def logged(layer, keys, values, *args, **kwargs):
-            if self._writes is not None:
-                self._writes.append((layer.number, tuple(keys.shape), keys.dtype, keys.device))
-            return update(layer, keys, values, *args, **kwargs)
-
-        return logged
+@contextmanager
+def wrapped_forward(module: torch.nn.Module, wrap: Callable[[Callable], Callable]) -> Iterator[None]:
+    """``module.forward`` replaced by ``wrap`` of it on the instance, and put back on leaving: the class's again,
+    or the instance's own (a hook's: accelerate's, for a dispatched model)."""
+    own = module.__dict__.get("forward")
+    module.forward = wrap(module.forward)
+    try:
+        yield
+    finally:
+        if own is None:
+            del module.forward
+        else:
+            module.forward = own
 
 
 def _rows(args: tuple, kwargs: dict) -> int:
@@ -111,8 +136,6 @@ def cold_caches(clock: Callable[[], float], n: int = 200) -> str:
     """Why the forwards are played back: the same host code (a 60-node tree's tokens and ancestor mask, what
     ``Target.verify`` builds) timed with warm caches, and right after a matmul that streams 128 MB of weights
     through them (as a CPU forward does; a GPU's does not)."""
-    from graft_cli.core import Tree
-
     tree = Tree()
     for i in range(60):
         tree.add(i // 4 - 1, 100 + i, "x", 0.5)

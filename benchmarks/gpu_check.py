@@ -17,7 +17,7 @@
    runs them, under graft's attention kernels and with cuDNN's attention allowed (it plans per shape:
    graft_cli/runtime/attention_kernels.py). Before it, which SDPA kernel a tree's masked attention gets.
 4. Host milliseconds and device reads per step of graft with a draft model at the CUDA defaults, the forwards
-   played back (benchmarks/host_overhead.py).
+   played back (benchmarks/host_time/).
 5. The fixed-shape path (``--graphs``, benchmarks/gpu_fixed.py): the card's bandwidth, capture time per bucket,
    plain decoding against its bandwidth floor, verification by tree size, an 8B-shaped EAGLE-3 head level and
    draft, host time and reads per step with a head, and every method's tokens against the eager path in fp32.
@@ -70,7 +70,7 @@ from graft_cli.runtime.target import Target
 
 from benchmarks import gpu_fixed
 from benchmarks.gpu_setup import GPU, SMOKE, Scale, Table, big_model, syncer
-from benchmarks.host_overhead import measure
+from benchmarks.host_time import measure
 
 PARTS = ("greedy", "sampling", "exact", "latency", "host", "fixed")  # what --skip can leave out
 EXACT = (4, 64)  # prompts and new tokens of the fp32 greedy pass that follows a bf16/fp16 run
@@ -272,7 +272,7 @@ def check_attention_kernel(table: Table, device: str, dtype: torch.dtype) -> Non
 # --- 4. host overhead --------------------------------------------------------------------------------------------
 def check_host_overhead(table: Table, device: str, dtype: str, scale: Scale) -> None:
     """Host milliseconds and device reads per step of graft with a draft model at the CUDA defaults (budget 60,
-    depth 7, draft top-k 8, prompt lookup and recycling), the forwards played back (benchmarks/host_overhead.py):
+    depth 7, draft top-k 8, prompt lookup and recycling), the forwards played back (benchmarks/host_time/):
     on a GPU, what the host costs each verification. Reported, not checked: a speed is a benchmark's."""
     with tempfile.TemporaryDirectory(prefix="graft-gpu-check-") as tmp:
         target_dir, _ = synthetic_dirs(Path(tmp), scale)

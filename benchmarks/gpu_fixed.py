@@ -11,7 +11,7 @@ on a GPU and that it changes no token. ``--smoke`` runs the same code on a CPU, 
 - ``fixed head level`` and ``fixed draft``: an 8B-shaped EAGLE-3 head's level of top-k rows and a whole draft of
   depth 6, captured levels against eager ones;
 - ``fixed host ms/step``: host time not overlapped with the device and blocking reads per step of graft with an
-  EAGLE-3 head on the path (benchmarks/host_overhead.py's replay, its captured regions excluded);
+  EAGLE-3 head on the path (benchmarks/host_time/'s replay, its captured regions excluded);
 - ``fixed-shape METHOD (float32)``: every method on the path (its draft levels included) against the eager path,
   token for token, on the tiny synthetic models.
 
@@ -47,7 +47,7 @@ from graft_cli.bench.synthetic import method_configs, random_tree, synthetic_mod
 from plugins.eagle3 import Eagle3Drafter
 
 from benchmarks.gpu_setup import Scale, Table, big_model, syncer, timed
-from benchmarks.host_overhead import measure
+from benchmarks.host_time import measure
 
 SIZES = (1, 16, 32, 64, 128)  # tokens a verification feeds, root included
 GPU_COPY, SMOKE_COPY = 1 << 30, 1 << 24  # bytes the bandwidth is measured over
@@ -167,7 +167,7 @@ def check_head(table: Table, model: torch.nn.Module, device: str, past: int, rep
 def check_host(table: Table, device: str, dtype: str, target_dir: Path, head_dir: Path, prompts: list[list[int]],
                new_tokens: int) -> None:
     """Host time not overlapped with the device, and blocking reads, per step of graft with an EAGLE-3 head on
-    the fixed-shape path at the CUDA defaults (benchmarks/host_overhead.py)."""
+    the fixed-shape path at the CUDA defaults (benchmarks/host_time/)."""
     loaded = load_model(str(target_dir), device, dtype)
     config = configure("graft", budget=60, retrievers=["prompt", "recycling"], draft=f"eagle3:{head_dir}", depth=7,
                        draft_top_k=8, prune_at=f"{DEFAULT_SCHEDULE},floor:{CUDA.prune_floor}")

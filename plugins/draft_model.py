@@ -188,8 +188,8 @@ class DraftModelDrafter(TreeDrafter):
     """``before_read``: on the fixed-shape path, draft before the step's read (one read a step) instead of after it. Off
     by default: after the read the draft model checks the step's retrieved chain exactly, in its first forward,
     and continues past it, which a draft queued ahead cannot (the chain needs the tokens the read brings). On the
-    default model drafting for itself (``host_overhead.py --drafter model --fixed-shapes``) the check kept τ at
-    4.20 where drafting ahead (``--draft-ahead``) gave 3.08: worth more than the read it costs."""
+    default model drafting for itself (``python -m benchmarks.host_time --drafter model --fixed-shapes``) the
+    check kept τ at 4.20 where drafting ahead (``--draft-ahead``) gave 3.08: worth more than the read it costs."""
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, depth: int = 6, top_k: int = 4,
                  prune: PruneSchedule | None = None, chain: bool = False, vocab: torch.Tensor | None = None,

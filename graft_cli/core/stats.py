@@ -15,7 +15,7 @@ class Stats:
     proposed: Counter = field(default_factory=Counter)  # nodes verified, by source
     accepted: Counter = field(default_factory=Counter)  # tree tokens accepted, by source ("bonus" for the target's own)
     accept_lengths: list[int] = field(default_factory=list)  # tokens gained per verification step
-    times: Counter = field(default_factory=Counter)  # seconds: prefill, start (proposer), propose, verify, accept, update
+    times: Counter = field(default_factory=Counter)  # seconds: prefill, start, propose, verify, update; retrieve, draft
     wall: float = 0.0
     budgets: list[int] = field(default_factory=list)  # tree nodes chosen per step under --budget auto
 

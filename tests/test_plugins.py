@@ -162,9 +162,7 @@ def test_a_retriever_that_raises_is_dropped_with_one_warning(capsys):
 def test_a_retriever_without_the_optional_members_gets_their_defaults():
     """A plugin may leave out ``stateless`` and ``close``: the proposer completes it once (never probing per
     step), so Graft(TAIL) skips it and closing the session works; one that has them is used as it is."""
-    from graft_cli.core import Stats
-    from graft_cli.core import Tree
-    from graft_cli.core import RetrieverDefaults
+    from graft_cli.core import RetrieverDefaults, Tree
 
     asked = []
 

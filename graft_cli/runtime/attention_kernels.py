@@ -6,7 +6,7 @@ problem it has not seen (the key length is part of the key) and caches it; a mis
 time. Speculative decoding asks a new problem nearly every forward: the cache grows by each step's accepted
 tokens, a tree's size changes from step to step, and a drafter's levels differ in rows. On an H200 in bf16, a
 6-layer model verified trees of about 7 nodes in 19.1 ms a step, against 4.8 ms in fp32, where cuDNN is not a
-candidate, and a plain one-token step in 4.9 ms (docs/benchmarks.md, "The CUDA check on an H200"). That cuDNN's plans
+candidate, and a plain one-token step in 4.9 ms (docs/gpu.md, "The CUDA check on a GPU"). That cuDNN's plans
 are the cause is inferred from this contrast and torch's source, not yet measured with this switch in place.
 FlashAttention and the memory-efficient kernel need no plan.
 

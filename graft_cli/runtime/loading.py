@@ -142,8 +142,8 @@ def quiet_transformers() -> Iterator[None]:
 def stop_ids(loaded: Loaded) -> set[int]:
     """Tokens that end a generation: the generation config's EOS ids and the tokenizer's."""
     ids: set[int] = set()
-    for source in (getattr(loaded.model, "generation_config", None), loaded.tokenizer):
-        eos = getattr(source, "eos_token_id", None)
+    for holder in (getattr(loaded.model, "generation_config", None), loaded.tokenizer):
+        eos = getattr(holder, "eos_token_id", None)
         if eos is not None:
             ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
     return ids

@@ -33,8 +33,7 @@ from graft_cli.drafting.fixed_levels import FixedLevels
 from graft_cli.drafting.objective import Objective
 from graft_cli.drafting.pool import Frontier, Pool, best_nodes
 from graft_cli.drafting.stop import ChainThreshold, Checkpoints, PerLevel, Planned, StopPolicy
-from graft_cli.core import (Checkpoint, DrafterEnv, Needs, Outcome, PruneSchedule, Recorder, ROOT, Step,
-                            Tree)
+from graft_cli.core import Checkpoint, DrafterDefaults, DrafterEnv, Outcome, PruneSchedule, ROOT, Step, Tree
 from graft_cli.runtime.graphs import Capture
 
 SOURCE = "draft"
@@ -43,31 +42,28 @@ Parsed = tuple[Columns, list[float]]  # ... and the rest of its read
 Landing = Callable[[Sequence[float]], Tree]  # a queued draft's read -> its tree
 
 
-class TreeDrafter:
-    """EAGLE-2 expansion with optional dynamic-depth pruning; ``chain=True`` drafts one path (top_k = 1)."""
+class TreeDrafter(DrafterDefaults):
+    """EAGLE-2 expansion with optional dynamic-depth pruning; ``chain=True`` drafts one path (top_k = 1). The
+    declarations it shares with every drafter (needs, recorder, what the last draft cost) come from
+    :class:`DrafterDefaults`."""
 
-    needs = Needs()  # none of the target's states (an EAGLE head's: its hidden layers)
     before_read = True  # on the fixed-shape path, draft before the step's read where it can (_root_queued)
 
     def __init__(self, depth: int = 6, top_k: int = 4, prune: PruneSchedule | None = None, chain: bool = False) -> None:
         if depth < 1 or top_k < 1:
             raise ValueError("a drafter needs depth >= 1 and top_k >= 1")
-        self.recorder = Recorder()  # its clock, and where its draft seconds and forwards go (its proposer's)
+        super().__init__()
         self.depth, self.top_k, self.prune, self.chain = depth, (1 if chain else top_k), prune, chain
         self.fed: dict[int, int] = {}  # pool node -> its row in the tree block of the drafter's cache
         self.tree_rows = 0  # rows of the last draft's tree block still in the drafter's cache
         self.stopped_at: Checkpoint | None = None  # the checkpoint that stopped the last draft
-        self.levels = 0  # levels the last draft grew
         self.forward_rows: list[int] = []  # rows fed by each forward of the last draft (what it cost)
-        self.catch_up_s = 0.0  # seconds the last draft spent first reading a request's prompt (a lazy start)
         self._candidates: Pool | None = None  # the last draft's pool, on the device
         self._pool: Tree | None = None  # ... as a Tree, read back only when asked for
         self._fed_children: dict[tuple[int, int], int] = {}  # (parent, token) -> fed pool node
         self.fixed: FixedLevels | None = None  # set: every tree level runs at a fixed shape (fixed_levels.py)
         self._landing: Landing | None = None  # a draft queued ahead, until the step's read brings it back
         self._landed: Tree | None = None  # ... made a tree, until draft() hands it over
-        self.queue_s = 0.0  # seconds the host spent queueing and reading the draft queued ahead
-        self.queued_at: str | None = None  # "start" or "step": what the last queue() fed before its read
         self.base: torch.Tensor | None = None  # ... a step's: the drafter's context rows after it, on the device
         self.most = 0  # ... and the most they may be (what the cache must hold)
 
@@ -152,10 +148,6 @@ class TreeDrafter:
         """Whether a draft queued ahead came back with the last read (the next draft() hands it over)."""
         return self._landed is not None
 
-    def unread(self, context: Sequence[int]) -> int:
-        """Context tokens the next draft must read first (0: a drafter that read the prompt at ``start``)."""
-        return 0
-
     def observe(self, step: Step) -> None:
         if self.queued_at == "step":  # fed already, and the next draft queued, before the step's read
             self.queued_at, self.base = None, None
@@ -163,9 +155,6 @@ class TreeDrafter:
             self._land(step)
             return
         self._drop_tree(self._accepted_rows(step.accepted[:-1]))
-
-    def close(self) -> None:
-        pass
 
     @property
     def pool(self) -> Tree:

@@ -17,6 +17,7 @@ from graft_cli.core import GraftError
 from graft_cli.heads.data import Documents, read_documents, read_packed, write_packed
 from graft_cli.bench.synthetic import word_tokenizer
 from benchmarks.transport import gpu_pack as pack, gpu_pieces as pieces, gpu_runbook as runbook
+from benchmarks.transport import gpu_train as train_call
 
 
 # --- pieces -------------------------------------------------------------------------------------------------------
@@ -115,7 +116,7 @@ def test_a_time_budget_shapes_the_schedule_and_ends_the_run():
     assert s.max_steps == 10_000  # not timed enough yet
     budget.update(s, CALIBRATION_STEPS, now=6.0)  # 0.1 s a step; 54 s left less 2% of 60 s for the finish
     assert s.max_steps == CALIBRATION_STEPS + int((60 - 6.0 - 1.2) / 0.1)
-    budget.checkpointed(3.0)  # a timed checkpoint replaces the 2% guess
+    budget.checkpointed(3.0, now=9.0)  # a timed checkpoint replaces the 2% guess
     budget.update(s, 500, now=55.0)
     assert s.max_steps == 520
     budget.update(s, 520, now=59.5)  # not one more step fits: this one is the last
@@ -130,6 +131,73 @@ def test_a_time_budget_shapes_the_schedule_and_ends_the_run():
     assert untimed.max_steps == 7
     with pytest.raises(GraftError, match="--max-minutes"):
         TimeBudget(0.0, 0.0)
+
+
+def test_checkpoints_by_wall_time():
+    from graft_cli.heads.train import TimeBudget
+
+    budget = TimeBudget(6.0, start=0.0, checkpoint_minutes=1.0)
+    assert not budget.due(59.9) and budget.due(60.0)
+    budget.checkpointed(2.0, now=61.0)
+    assert not budget.due(120.9) and budget.due(121.0)
+    assert not TimeBudget(6.0, start=0.0).due(1e9)  # by step count only
+    with pytest.raises(GraftError, match="--checkpoint-minutes"):
+        TimeBudget(6.0, 0.0, checkpoint_minutes=0.0)
+
+
+# --- a head exported every minute ----------------------------------------------------------------------------------
+
+def _checkpoint(run: Path, step: int) -> Path:
+    """A checkpoint as training writes it, replacing the one before (only the newest is kept)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    for old in run.glob("ckpt-*"):
+        shutil.rmtree(old)
+    path = run / f"ckpt-{step:08d}"
+    (path / "head").mkdir(parents=True)
+    save_file({"fc.weight": torch.full((8, 8), float(step), dtype=torch.bfloat16)}, str(path / "head" / "model.safetensors"))
+    (path / "head" / "config.json").write_text(json.dumps({"draft_vocab_size": 64}))
+    (path / "state.json").write_text(json.dumps({"step": step, "tokens": 96 * step, "evals": [], "settings": {}}))
+    return path
+
+
+def test_each_new_checkpoint_replaces_the_export_whole(tmp_path):
+    run, out = tmp_path / "run", tmp_path / "out"
+    exports = train_call.Exports(run, out, {"command": "graft heads train ...", "exit": None}, piece=100)
+    assert not exports.poll()  # no checkpoint yet
+    _checkpoint(run, 10)
+    assert exports.poll() and not exports.poll()  # exported once
+    _checkpoint(run, 20)
+    assert exports.poll() and exports.count == 2
+    names = sorted(f.name for f in out.iterdir())
+    assert names == ["head-00000020.part1", "head-00000020.part2", "head-00000020.part3", "head.json"]
+    (out / "head-00000030.part1").write_bytes(b"cut off while the next export was written")
+    manifest = pieces.exported(out)
+    assert manifest["state"]["step"] == 20 and manifest["export"]["exit"] is None
+    latest, record = pieces.import_head(out, tmp_path / "imported")
+    assert latest.name == "ckpt-00000020" and record["command"].startswith("graft heads train")
+    assert json.loads((latest / "head" / "config.json").read_text()) == {"draft_vocab_size": 64}
+
+
+def test_a_training_stopped_at_the_deadline_still_returns_its_latest_head(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(train_call, "POLL_S", 0.05)
+    run, out = tmp_path / "run", tmp_path / "out"
+    _checkpoint(run, 7)
+    exports = train_call.Exports(run, out, {"command": "c", "exit": None}, piece=1000)
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    ticks = iter(range(100))
+    assert train_call.watch(process, exports, deadline=3, clock=lambda: next(ticks)) == 124
+    assert process.poll() is not None and exports.count == 1
+    assert pieces.exported(out)["state"]["step"] == 7
+    with pytest.raises(GraftError, match="too little"):
+        train_call.training_minutes(train_call.WITHIN_S, spent=train_call.WITHIN_S - 90)
+    assert 5.5 <= train_call.training_minutes(train_call.WITHIN_S, spent=60) <= 6.5  # about 6 minutes to train
 
 
 # --- the model wheel, pulled with no index -------------------------------------------------------------------------
@@ -178,14 +246,19 @@ def _sparse_pieces(folder: Path, sizes: list[int]) -> None:
         f.truncate(15_100_000)
 
 
-def test_the_plan_sizes_every_call_against_64_mib(tmp_path):
+def test_the_plan_sizes_every_call_against_64_mib_and_fits_13_minutes(tmp_path):
     _sparse_pieces(tmp_path / "ok", [37_000_000, 37_000_000, 18_871_040])
-    text = runbook.plan_text(tmp_path / "ok")
-    assert "OVER" not in text and text.count("run(command=") == 4
+    plan = runbook.head_plan(tmp_path / "ok")
+    text = runbook.plan_text(plan)
+    assert "OVER" not in text and text.count("run(command=") == 3
     assert "-m benchmarks.transport.gpu_pack check 1" in text and "gpu_pack train --out $OUT" in text
-    assert all(len(call.command) <= 2000 and len(call.carry) <= 8 for call in runbook.calls(tmp_path / "ok"))
+    assert all(len(call.command) <= 2000 and len(call.carry) <= 8 for call in plan.calls)
+    expected, worst = runbook.device_seconds(plan)
+    assert expected < worst <= 13 * 60 and f"at most {worst / 60:.1f} min" in text
     _sparse_pieces(tmp_path / "big", [46_000_000, 46_871_040])
-    assert "OVER 64 MiB" in runbook.plan_text(tmp_path / "big")
+    assert "OVER 64 MiB" in runbook.plan_text(runbook.head_plan(tmp_path / "big"))
+    _sparse_pieces(tmp_path / "many", [20_000_000] * 5)  # two more piece calls: past 13 minutes
+    assert "OVER 13 min" in runbook.plan_text(runbook.head_plan(tmp_path / "many"))
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
@@ -196,19 +269,24 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
 
 # --- the whole chain on a tiny model ------------------------------------------------------------------------------
 
-def test_smoke_trains_within_its_time_and_the_head_comes_back_in_pieces(tmp_path):
+def test_smoke_trains_within_its_time_and_the_head_comes_back_in_pieces(tmp_path, monkeypatch, capfd):
+    monkeypatch.setattr(train_call, "POLL_S", 0.5)
     t0 = time.perf_counter()
     pack.smoke(tmp_path, minutes=0.1)
     took = time.perf_counter() - t0
-    state = json.loads((tmp_path / "out" / "state.json").read_text())
+    manifest = pieces.exported(tmp_path / "out")
+    state = manifest["state"]
     assert state["step"] < 100_000 and state["step"] == state["settings"]["max_steps"]  # ended by time
     assert state["evals"][-1]["step"] == state["step"] and len(state["evals"][-1]["acceptance"]) == 3
+    assert len(state["evals"]) >= 2  # checkpoints by wall time (--checkpoint-minutes), not by step count
     assert state["settings"]["data"][0].endswith("corpus.npz") and state["settings"]["max_minutes"] == 0.1
-    record = json.loads((tmp_path / "out" / "export.json").read_text())
+    record = manifest["export"]
     assert record["exit"] == 0 and record["seconds"] < 6 + 30 and took < 60
+    exports = int(capfd.readouterr().err.split("(export ")[1].split()[0])
+    assert exports >= 2  # each checkpoint was exported as it came, the last one again with the exit code
     out_files = list((tmp_path / "out").iterdir())
-    assert len(out_files) <= 7 and max(f.stat().st_size for f in out_files) <= 16 << 20  # room for train.log
-    assert len(json.loads((tmp_path / "out" / "head.json").read_text())["pieces"]) == 2
+    assert len(out_files) == 3 and max(f.stat().st_size for f in out_files) <= 16 << 20  # 2 pieces, head.json
+    assert len(manifest["pieces"]) == 2
     shipped = tmp_path / "shipped" / "tiny-eagle3"
     weights = (shipped / "model.safetensors").read_bytes()
     exported = next((tmp_path / "run").glob("ckpt-*")) / "head" / "model.safetensors"
@@ -218,10 +296,10 @@ def test_smoke_trains_within_its_time_and_the_head_comes_back_in_pieces(tmp_path
     with pytest.raises(GraftError, match="already holds a checkpoint"):
         pieces.import_head(tmp_path / "out", tmp_path / "imported")
     # the training call again on the same warm machine: the earlier run is kept aside, this one starts afresh
-    assert pack.train_there(tmp_path, tmp_path / "again", 0.05, smoke=True) == 0
+    assert train_call.train_there(tmp_path, tmp_path / "again", 0.05, smoke=True) == 0
     assert len(list(tmp_path.glob("run-*"))) == 1 and (tmp_path / "again" / "head.json").is_file()
-    part = tmp_path / "out" / "head.part1"
+    part = tmp_path / "out" / manifest["pieces"][0]["name"]
     part.write_bytes(b"\0" + part.read_bytes()[1:])
-    with pytest.raises(GraftError, match="head.part1 is damaged"):
+    with pytest.raises(GraftError, match=r"head-\d+.part1 is damaged"):
         pieces.import_head(tmp_path / "out", tmp_path / "elsewhere")
     assert not list((tmp_path / "elsewhere").iterdir())  # neither a checkpoint nor a half-made one

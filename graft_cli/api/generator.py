@@ -9,6 +9,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
+from graft_cli.api.capture_check import first_use
 from graft_cli.api.text import Prompt, TextPieces, chat_prompt
 from graft_cli.core import GraftError, Options, Stats
 from graft_cli.method import builder as methods
@@ -58,6 +59,10 @@ class Generator:
         self.loaded, self.config = loaded, config
         self.target = make_target(loaded.model, graphs, prefill_chunk, progress)
         self.proposer = methods.build(config, loaded, self.target)
+        verdict = first_use(loaded, config, self.target, self.proposer)  # the captured path's, once per method
+        if verdict is not None and not verdict.ok:
+            self.target = make_target(loaded.model, "off", prefill_chunk, progress)
+            self.proposer = methods.build(config, loaded, self.target)
         check_options(config.options, config.method)
         self.stop_ids = stop_ids(loaded)
         self.reach = tree_budget(config, loaded.device)  # the tree room a request must leave below the model's limits

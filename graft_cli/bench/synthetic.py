@@ -18,6 +18,7 @@ from datastores import build_store
 from graft_cli.heads import HeadConfig, expected_shapes
 from graft_cli.core import Needs, Recorder, ROOT, Tree
 from graft_cli.method.config import MethodConfig, configure
+from graft_cli.runtime.fixed_shapes import Padded
 
 VOCAB = 97
 
@@ -188,3 +189,41 @@ class OracleTreeProposer(StaticProposer):
             tree.add_path(path, [0.5] * len(path), "oracle", int(rng.integers(len(tree))))
         tree.add_path(path, [0.5] * len(path), "oracle", ROOT)
         return tree
+
+
+class ReplayCapture:
+    """A CPU stand-in for a CUDA graph's capture, for checks that must run anywhere: the region's outputs at its
+    capture are its outputs for good, and each replay runs the region again and copies its fresh outputs into
+    them, as a graph's replay overwrites its outputs in place (the capture's own run is the first replay's).
+    ``wrong_buffer``: a broken capture whose replays write buffers of their own, so the host reads the outputs
+    of the capture's run again -- the stale buffer the first-use check (graft_cli/api/capture_check.py) catches."""
+
+    def __init__(self, wrong_buffer: bool = False) -> None:
+        self.wrong_buffer, self.replays = wrong_buffer, 0
+
+    def __call__(self, region):
+        out = region()
+        pending = [True]
+
+        def replay() -> None:
+            if pending:
+                pending.pop()
+                return
+            self.replays += 1
+            fresh = region()
+            if not self.wrong_buffer:
+                copy_outputs(out, fresh)
+        return replay, out
+
+
+def copy_outputs(static, new) -> None:
+    """Copy a region's fresh outputs into its static ones (a :class:`Padded`, a tuple of tensors, or a tensor)."""
+    if isinstance(static, Padded):
+        copy_outputs((static.logits, *(static.hidden or ()), static.features),
+                     (new.logits, *(new.hidden or ()), new.features))
+    elif isinstance(static, tuple):
+        for mine, theirs in zip(static, new):
+            if mine is not None:
+                mine.copy_(theirs)
+    elif static is not None:
+        static.copy_(new)

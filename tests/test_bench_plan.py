@@ -42,6 +42,16 @@ def test_variants_run_as_named_methods_with_their_own_settings():
         plan_methods(["x"], ["ar", "graft"], [], {"x": Variant("hf", {})})
 
 
+def test_a_variant_may_bring_its_own_drafter():
+    """graft with a head and graft without it, side by side in one run."""
+    variants = {"head": Variant("graft", {"draft": "eagle3:some-head"})}
+    plain, head = plan_methods(["graft", "head"], ["ar", "graft"], [], variants)[1:]
+    assert method_config(plain, {}, None).draft is None and method_config(head, {}, None).draft == "eagle3:some-head"
+    assert method_config(head, {}, "model:other").draft == "eagle3:some-head"  # its own wins over --draft
+    with pytest.raises(GraftError, match="not a method setting"):
+        method_config(plain, {}, None, {"draft": "eagle3:x"})  # --method-opt does not set it for every method
+
+
 def test_variant_flag_is_parsed_and_bad_ones_are_one_line_errors():
     from graft_cli.cli.bench import _variant
 

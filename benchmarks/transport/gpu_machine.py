@@ -34,6 +34,19 @@ def install_model(folder: Path) -> str:
     return manifest["model"]
 
 
+def carry_model_dir(model_dir: Path, folder: Path) -> Path:
+    """A model directory zipped and cut into three pieces under ``folder``, as the smoke runs carry their tiny
+    model in place of the catalog's wheel; returns ``model_dir``."""
+    archive = model_dir.with_suffix(".zip")
+    with zipfile.ZipFile(archive, "w") as zf:
+        for f in sorted(model_dir.iterdir()):
+            zf.write(f, f.name)
+    manifest = pieces.split_file(archive, folder, MODEL_STEM, archive.stat().st_size // 3 + 1)
+    manifest.update(install="model-zip", model=str(model_dir))
+    pieces.write_json_atomic(pieces.manifest_path(folder, MODEL_STEM), manifest)
+    return model_dir
+
+
 @contextlib.contextmanager
 def environ(**values: str) -> Iterator[None]:
     """Set environment variables for what runs inside (this process and its children), then put them back."""

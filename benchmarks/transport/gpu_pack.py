@@ -23,14 +23,13 @@ import argparse
 import json
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 from datastores.atomic import write_text_atomic
 from graft_cli.core import GraftError
 
 from benchmarks.transport import gpu_pieces as pieces
-from benchmarks.transport.gpu_machine import MODEL, MODEL_STEM, environment
+from benchmarks.transport.gpu_machine import MODEL, MODEL_STEM, carry_model_dir, environment
 from benchmarks.transport.gpu_runbook import ROOT, head_plan, plan_text
 from benchmarks.transport.gpu_train import CORPUS, WITHIN_S, train_there
 
@@ -160,20 +159,13 @@ SMOKE_WORDS = 40
 
 
 def smoke_inputs(folder: Path) -> Path:
-    """A tiny random Llama zipped as the model to carry, and a repetitive corpus of its words as tokens; returns
+    """A tiny random Llama carried in pieces as the model, and a repetitive corpus of its words as tokens; returns
     the tiny model's directory (shipping reads its config)."""
     from graft_cli.heads.data import read_documents, write_packed
     from graft_cli.bench.synthetic import save_model_dir, tiny_model, word_tokenizer
 
     tokenizer = word_tokenizer()
-    model_dir = save_model_dir(folder / "src" / "tiny-target", tiny_model(layers=5), tokenizer)
-    archive = folder / "src" / "tiny-target.zip"
-    with zipfile.ZipFile(archive, "w") as zf:
-        for f in sorted(model_dir.iterdir()):
-            zf.write(f, f.name)
-    manifest = pieces.split_file(archive, folder, MODEL_STEM, archive.stat().st_size // 3 + 1)
-    manifest.update(install="model-zip", model=str(model_dir))
-    pieces.write_json_atomic(pieces.manifest_path(folder, MODEL_STEM), manifest)
+    model_dir = carry_model_dir(save_model_dir(folder / "src" / "tiny-target", tiny_model(layers=5), tokenizer), folder)
     corpus = folder / "src" / "corpus.jsonl"
     with open(corpus, "w") as f:
         for i in range(48):

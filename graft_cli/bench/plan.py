@@ -86,24 +86,27 @@ def expand_methods(names: Sequence[str], engine_methods: Sequence[str], draft: s
 
 def method_config(spec: MethodSpec, options: dict, draft: str | None, method_opts: dict | None = None) -> MethodConfig:
     """The MethodConfig of an engine method: its budget, the retriever options, ``--draft`` where the method takes
-    one, and any other MethodConfig field given as text (``--method-opt depth=4``, then the variant's own),
-    converted to the field's type; a dotted key (``responses.factor=1``) is a retriever option of its own."""
+    one (a variant's own ``draft=`` instead, so graft runs with a head and without in one run), and any other
+    MethodConfig field given as text (``--method-opt depth=4``, then the variant's own), converted to the field's
+    type; a dotted key (``responses.factor=1``) is a retriever option of its own."""
+    own = dict(spec.opts)
+    own_draft = own.pop("draft", None)  # a variant's own drafter: 'head=graft draft=eagle3:NAME' beside graft
     config = configure(spec.method, budget=spec.budget, retriever_options=options,
-                       draft=draft if uses_draft(spec) else None)
+                       draft=own_draft or (draft if uses_draft(spec) else None))
     if spec.method == "ar":
         return config
-    own = {f.name for f in dataclasses.fields(MethodConfig)} - {"method", "budget", "options", "draft", "drafting"}
+    fields = {f.name for f in dataclasses.fields(MethodConfig)} - {"method", "budget", "options", "draft", "drafting"}
     drafting = {f.name for f in dataclasses.fields(DraftSettings)}
     hints = typing.get_type_hints(MethodConfig) | typing.get_type_hints(DraftSettings)
     settings = {}
-    for key, text in ((method_opts or {}) | spec.opts).items():
+    for key, text in ((method_opts or {}) | own).items():
         if "." in key:
             config.options[key] = text
             continue
-        if key not in own | drafting:
-            raise GraftError(f"--method-opt {key}: not a method setting (choose from {', '.join(sorted(own | drafting))})")
+        if key not in fields | drafting:
+            raise GraftError(f"--method-opt {key}: not a method setting (choose from {', '.join(sorted(fields | drafting))})")
         value = _convert(text, hints.get(key), key)
-        if key in own:
+        if key in fields:
             setattr(config, key, value)
         else:
             settings[key] = value

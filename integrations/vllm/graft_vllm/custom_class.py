@@ -19,7 +19,6 @@ from graft_vllm.rows import Rows
 class GraftProposer:
     def __init__(self, vllm_config: Any) -> None:
         self.chains: ChainProposer = chain_proposer(vllm_config)
-        self.max_model_len = vllm_config.model_config.max_model_len
         self.rows = Rows()
 
     def load_model(self, model: Any) -> None:
@@ -34,12 +33,11 @@ class GraftProposer:
                 drafts.append([])
                 continue
             length, tokens = int(num_tokens_no_spec[row]), token_ids_cpu[row]
-            room = self.max_model_len - length
             key, new = self.rows.claim(row, tokens, length, len(sampled))
             if new:
-                drafts.append(self.chains.start(key, tokens[: length - len(sampled)], sampled, room))
+                drafts.append(self.chains.start(key, tokens[: length - len(sampled)], sampled))
             else:
-                drafts.append(self.chains.step(key, sampled, room))
+                drafts.append(self.chains.step(key, sampled))
         for key in self.rows.gone():
             self.chains.finish(key)
         return drafts

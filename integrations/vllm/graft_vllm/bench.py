@@ -1,0 +1,187 @@
+"""Side by side in one process, one engine at a time: vLLM without speculation, with its ``ngram`` and with graft's
+proposer, on workloads that quote a corpus, and on one that repeats itself; tokens per second, accepted tokens per
+draft, and whether every output is the one without speculation.
+
+    python -m graft_vllm.bench --out vllm-bench.json     # docs/vllm.md's table (minutes on a 2-core CPU)
+
+The tests (integrations/vllm/tests) use the same workloads, smaller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import graft_vllm
+
+MODEL = Path("~/.cache/graft/models/smollm2-135m-instruct").expanduser()
+# standard-library modules the corpus workload quotes: the whole files are the datastore, their heads the prompts
+MODULES = ("bisect", "heapq", "colorsys", "fnmatch", "glob", "string", "textwrap", "queue", "keyword", "shlex",
+           "base64", "abc")
+SPEC_BENCH = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "bench" / "spec_bench_question.jsonl"
+NGRAM = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+
+
+@dataclass
+class Mode:
+    """One engine configuration: ``method`` none, ngram or graft; graft's settings as its environment."""
+
+    name: str
+    method: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Result:
+    mode: str
+    workload: str
+    concurrency: int
+    tokens: int
+    seconds: float
+    drafts: int
+    accepted: int
+    drafted: int
+    outputs: list[list[int]]
+
+    @property
+    def per_draft(self) -> float:
+        return self.accepted / self.drafts if self.drafts else 0.0
+
+
+def corpus_files(modules: Sequence[str] = MODULES) -> list[Path]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return [stdlib / f"{m}.py" for m in modules]
+
+
+def quoting_prompts(files: Sequence[Path], lines: int = 24) -> list[str]:
+    """Each file's first ``lines`` lines: the model goes on writing the file, which the datastore holds whole."""
+    return ["".join(f.read_text().splitlines(keepends=True)[:lines]) for f in files]
+
+
+def build_store(files: Sequence[Path], out: Path, model: Path = MODEL) -> Path:
+    """A suffix-array datastore of ``files`` at ``out``, built by graft's own command."""
+    subprocess.run([sys.executable, "-m", "graft_cli", "index", "build", *map(str, files), "--out", str(out),
+                    "--model", str(model), "--jobs", "1", "--force"], check=True, capture_output=True)
+    return out
+
+
+def chat_prompts(count: int, tokenizer: Any, path: Path = SPEC_BENCH) -> list[str]:
+    """``count`` Spec-Bench questions (every tenth, so the categories mix) in the model's chat template."""
+    questions = [json.loads(line)["turns"][0] for line in path.read_text().splitlines() if line.strip()]
+    picked = questions[:: max(1, len(questions) // count)][:count]
+    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                          add_generation_prompt=True) for q in picked]
+
+
+def engine(mode: Mode, tokens: int, model: Path = MODEL) -> Any:
+    """An in-process vLLM engine for ``mode``: float32, eager, its statistics on."""
+    from vllm import LLM
+
+    for key in [k for k in os.environ if k.startswith("GRAFT_VLLM_")]:  # the last mode's settings go
+        del os.environ[key]
+    os.environ.update(mode.env)
+    spec = None
+    if mode.method == "ngram":
+        spec = {**NGRAM, "num_speculative_tokens": tokens}
+    elif mode.method == "graft":
+        spec = graft_vllm.speculative_config(tokens)
+    return LLM(str(model), dtype="float32", enforce_eager=True, max_model_len=2048, seed=0,
+               speculative_config=spec, disable_log_stats=False, max_num_seqs=8)
+
+
+def counters(llm: Any) -> dict[str, int]:
+    wanted = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "drafted",
+              "vllm:spec_decode_num_accepted_tokens": "accepted"}
+    found = {name: 0 for name in wanted.values()}
+    for metric in llm.get_metrics():
+        if metric.name in wanted:
+            found[wanted[metric.name]] = int(metric.value)
+    return found
+
+
+def measure(llm: Any, mode: str, workload: str, prompts: Sequence[str], concurrency: int,
+            max_tokens: int) -> Result:
+    """The prompts ``concurrency`` at a time, greedy; the counters' growth over this run only."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=False)
+    before, outputs = counters(llm), []
+    start = time.perf_counter()
+    for i in range(0, len(prompts), concurrency):
+        done = llm.generate(list(prompts[i : i + concurrency]), params, use_tqdm=False)
+        outputs += [list(o.outputs[0].token_ids) for o in done]
+    seconds = time.perf_counter() - start
+    after = counters(llm)
+    grown = {k: after[k] - before[k] for k in after}
+    return Result(mode, workload, concurrency, sum(map(len, outputs)), seconds, grown["drafts"], grown["accepted"],
+                  grown["drafted"], outputs)
+
+
+def run(modes: Sequence[Mode], workloads: dict[str, tuple[list[str], int]], concurrencies: Sequence[int],
+        max_tokens: int, tokens: int) -> list[Result]:
+    """Every mode over every workload (prompts and how many times the whole list is asked: the later rounds are
+    measured, the first warms what a mode learns across requests) at every concurrency."""
+    results = []
+    for mode in modes:
+        llm = engine(mode, tokens)
+        measure(llm, mode.name, "warm-up", ["Hello"], 1, 4)  # compiles what the first request would
+        for workload, (prompts, rounds) in workloads.items():
+            for concurrency in concurrencies:
+                for _ in range(rounds - 1):
+                    measure(llm, mode.name, workload, prompts, concurrency, max_tokens)
+                results.append(measure(llm, mode.name, workload, prompts, concurrency, max_tokens))
+        del llm
+    return results
+
+
+def table(results: Sequence[Result]) -> str:
+    """Markdown: per workload and concurrency, each mode's tok/s, accepted per draft, and same outputs as none."""
+    plain = {(r.workload, r.concurrency): r for r in results if r.mode == "none"}
+    lines = ["| workload | at once | mode | tok/s | drafts | accepted / draft | accepted / drafted | lossless |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        base = plain.get((r.workload, r.concurrency))
+        same = "yes" if base is not None and base.outputs == r.outputs else "NO" if base is not None else "-"
+        share = f"{r.accepted / r.drafted:.2f}" if r.drafted else "-"
+        lines.append(f"| {r.workload} | {r.concurrency} | {r.mode} | {r.tokens / r.seconds:.1f} | {r.drafts} | "
+                     f"{r.per_draft:.2f} | {share} | {same} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--tokens", type=int, default=8, help="num_speculative_tokens")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--concurrency", default="1,8")
+    parser.add_argument("--out", type=Path, help="JSON of every result (outputs included)")
+    args = parser.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    work = Path(os.environ.get("TMPDIR", "/tmp")) / f"graft-vllm-bench-{os.getpid()}"
+    files = corpus_files()[: args.prompts]
+    store = build_store(corpus_files(), work / "stdlib-store")
+    chat = chat_prompts(args.prompts, AutoTokenizer.from_pretrained(str(MODEL)))
+    workloads = {"stdlib (quoted)": (quoting_prompts(files), 1), "chat, repeated": (chat, 2)}
+    modes = [Mode("none", "none"), Mode("ngram", "ngram"),
+             Mode("graft: prompt", "graft", {"GRAFT_VLLM_RETRIEVERS": "prompt"}),
+             Mode("graft: prompt + datastore", "graft",
+                  {"GRAFT_VLLM_RETRIEVERS": "prompt,suffix-array", "GRAFT_VLLM_DATASTORE": str(store)}),
+             Mode("graft: + response cache", "graft",
+                  {"GRAFT_VLLM_RETRIEVERS": "prompt,suffix-array,responses", "GRAFT_VLLM_DATASTORE": str(store)})]
+    results = run(modes, workloads, [int(c) for c in args.concurrency.split(",")], args.max_tokens, args.tokens)
+    print(table(results))
+    if args.out:
+        args.out.write_text(json.dumps([asdict(r) for r in results]))
+
+
+if __name__ == "__main__":
+    main()

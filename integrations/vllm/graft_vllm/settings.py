@@ -7,12 +7,13 @@ refused by vLLM's configuration checks, and every engine process (each tensor-pa
                                 ``suffix-array`` too when a datastore is named)
 ``GRAFT_VLLM_DATASTORE``        a graft datastore: a name under graft's home, or a path
 ``GRAFT_VLLM_OPTIONS``          retriever options as graft's ``--retriever-opt``: ``KEY=VALUE,KEY=VALUE``
-``GRAFT_VLLM_MIN_SCORE``        the shortest acceptance estimate a chain token needs (default 0.3)
+``GRAFT_VLLM_MIN_SCORE``        the lowest acceptance estimate a chain token may have (default 0.3)
+``GRAFT_VLLM_MIN_EXPECTED``     the fewest tokens a chain must be expected to add to be sent (default 1.0)
 ``GRAFT_VLLM_LOOKUP``           nodes each retriever may return per lookup (default 32)
 ==============================  ======================================================================
 
 In the TOML file the same keys are lowercase without the prefix: ``retrievers = ["prompt", "suffix-array"]``,
-``datastore``, ``min_score``, ``lookup`` and an ``[options]`` table.
+``datastore``, ``min_score``, ``min_expected``, ``lookup`` and an ``[options]`` table.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from graft_cli.plugin import GraftError
 PREFIX = "GRAFT_VLLM_"
 STORE_RETRIEVER = "suffix-array"  # the retriever a named datastore brings when no list is given
 DEFAULT_RETRIEVERS = ("prompt", "responses")
+KEYS = ("retrievers", "datastore", "options", "min_score", "min_expected", "lookup")
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class Settings:
     retrievers: tuple[str, ...] = DEFAULT_RETRIEVERS
     options: dict[str, str] = field(default_factory=dict)  # retriever options, graft's --retriever-opt
     min_score: float = 0.3  # a chain ends at its first token estimated below this
+    min_expected: float = 1.0  # a chain expected to add fewer tokens is not sent
     lookup: int = 32  # nodes a retriever may return per lookup: the tree the best chain is chosen from
 
     def __post_init__(self) -> None:
@@ -42,6 +45,8 @@ class Settings:
             raise GraftError("graft-vllm: no retrievers named (GRAFT_VLLM_RETRIEVERS)")
         if not 0.0 <= self.min_score <= 1.0:
             raise GraftError(f"graft-vllm: min_score must be between 0 and 1, not {self.min_score}")
+        if self.min_expected < 0:
+            raise GraftError(f"graft-vllm: min_expected must be at least 0, not {self.min_expected}")
         if self.lookup < 1:
             raise GraftError(f"graft-vllm: lookup must be at least 1, not {self.lookup}")
 
@@ -54,7 +59,7 @@ def read(environ: Mapping[str, str] | None = None, given: Mapping[str, Any] | No
     path = environ.get(PREFIX + "CONFIG")
     if path:
         values.update(_file(Path(path).expanduser()))
-    for key in ("retrievers", "datastore", "options", "min_score", "lookup"):
+    for key in KEYS:
         raw = environ.get(PREFIX + key.upper())
         if raw:
             values[key] = raw
@@ -73,10 +78,9 @@ def _file(path: Path) -> dict[str, Any]:
 
 
 def _settings(values: dict[str, Any]) -> Settings:
-    unknown = sorted(set(values) - {"retrievers", "datastore", "options", "min_score", "lookup"})
+    unknown = sorted(set(values) - set(KEYS))
     if unknown:
-        raise GraftError(f"graft-vllm: unknown setting {unknown[0]!r} (retrievers, datastore, options, min_score, "
-                         "lookup)")
+        raise GraftError(f"graft-vllm: unknown setting {unknown[0]!r} ({', '.join(KEYS)})")
     options = _options(values.get("options", {}))
     datastore = values.get("datastore")
     if datastore:
@@ -86,7 +90,8 @@ def _settings(values: dict[str, Any]) -> Settings:
         retrievers = DEFAULT_RETRIEVERS + ((STORE_RETRIEVER,) if datastore else ())
     else:
         retrievers = tuple(n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip())
-    return Settings(retrievers, options, _number(values, "min_score", 0.3, float), _number(values, "lookup", 32, int))
+    return Settings(retrievers, options, _number(values, "min_score", 0.3, float),
+                    _number(values, "min_expected", 1.0, float), _number(values, "lookup", 32, int))
 
 
 def _options(raw: str | Mapping[str, Any]) -> dict[str, str]:

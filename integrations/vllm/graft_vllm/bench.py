@@ -90,7 +90,7 @@ def ordered(modes: Sequence[Mode]) -> list[Mode]:
 
 def engine(mode: Mode, tokens: int, model: Path = MODEL) -> Any:
     """An in-process vLLM engine for ``mode``: float32, eager, its statistics on."""
-    from vllm import LLM
+    from vllm import LLM  # lazy: vLLM loads only when an engine is made
 
     for key in [k for k in os.environ if k.startswith("GRAFT_VLLM_")]:  # the last mode's settings go
         del os.environ[key]
@@ -117,7 +117,7 @@ def counters(llm: Any) -> dict[str, int]:
 def measure(llm: Any, mode: str, workload: str, prompts: Sequence[str], concurrency: int,
             max_tokens: int) -> Result:
     """The prompts ``concurrency`` at a time, greedy; the counters' growth over this run only."""
-    from vllm import SamplingParams
+    from vllm import SamplingParams  # lazy: as LLM above
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=False)
     before, outputs = counters(llm), []
@@ -134,16 +134,16 @@ def measure(llm: Any, mode: str, workload: str, prompts: Sequence[str], concurre
 
 def run(modes: Sequence[Mode], workloads: dict[str, tuple[list[str], int]], concurrencies: Sequence[int],
         max_tokens: int, tokens: int) -> list[Result]:
-    """Every mode over every workload (prompts and how many times the whole list is asked: the later rounds are
-    measured, the first warms what a mode learns across requests) at every concurrency."""
+    """Every mode over every workload (its prompts, and how many rounds of them: the last is measured at every
+    concurrency, the ones before warm what a mode learns across requests)."""
     results = []
     for mode in ordered(modes):
         llm = engine(mode, tokens)
         measure(llm, mode.name, "warm-up", ["Hello"], 1, 4)  # compiles what the first request would
         for workload, (prompts, rounds) in workloads.items():
+            for _ in range(rounds - 1):  # the rounds before the measured ones, all at once
+                measure(llm, mode.name, workload, prompts, max(concurrencies), max_tokens)
             for concurrency in concurrencies:
-                for _ in range(rounds - 1):
-                    measure(llm, mode.name, workload, prompts, concurrency, max_tokens)
                 results.append(measure(llm, mode.name, workload, prompts, concurrency, max_tokens))
         del llm
     return results
@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--out", type=Path, help="JSON of every result (outputs included)")
     args = parser.parse_args(argv)
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: only the command needs a tokenizer
 
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"graft-vllm-bench-{os.getpid()}"
     files = corpus_files()[: args.prompts]

@@ -10,6 +10,6 @@ from graft_vllm import METHOD, registers_methods
 def register() -> None:
     if not registers_methods():
         return
-    from vllm.v1.worker.gpu.spec_decode.speculator_config import register_speculative_method
+    from vllm.v1.worker.gpu.spec_decode.speculator_config import register_speculative_method  # lazy: 0.34 on
 
     register_speculative_method(METHOD, "graft_vllm.speculator.GraftSpeculatorConfig")

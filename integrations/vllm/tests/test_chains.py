@@ -29,7 +29,7 @@ def test_settings_from_environment_and_file(tmp_path):
     file = tmp_path / "graft.toml"
     file.write_text('retrievers = ["prompt", "responses"]\nmin_score = 0.5\n[options]\n"prompt.max_match" = 4\n')
     settings = read({"GRAFT_VLLM_CONFIG": str(file), "GRAFT_VLLM_MIN_SCORE": "0.25"})
-    assert settings == Settings(("prompt", "responses"), {"prompt.max_match": "4"}, 0.25, 32)
+    assert settings == Settings(("prompt", "responses"), {"prompt.max_match": "4"}, 0.25, 1.0, 32)
     assert read({"GRAFT_VLLM_DATASTORE": "docs"}).retrievers == ("prompt", "responses", "suffix-array")
     assert read({"GRAFT_VLLM_DATASTORE": "docs"}).options == {"datastore": "docs"}
 
@@ -37,6 +37,7 @@ def test_settings_from_environment_and_file(tmp_path):
 @pytest.mark.parametrize("environ, message", [
     ({"GRAFT_VLLM_MIN_SCORE": "high"}, "min_score must be a float"),
     ({"GRAFT_VLLM_MIN_SCORE": "2"}, "between 0 and 1"),
+    ({"GRAFT_VLLM_MIN_EXPECTED": "-1"}, "at least 0"),
     ({"GRAFT_VLLM_OPTIONS": "max_match"}, "is not KEY=VALUE"),
     ({"GRAFT_VLLM_CONFIG": "/nonexistent/graft.toml"}, "cannot read"),
 ])
@@ -68,9 +69,11 @@ def test_prompt_chain_accepted_and_counted():
     assert (chains.counts.drafts, chains.counts.drafted, chains.counts.accepted) == (1, 4, 2)
 
 
-def test_min_score_cuts_the_chain():
+def test_min_score_cuts_the_chain_and_min_expected_withholds_it():
     chains = proposer(min_score=0.99)
     assert chains.start("a", TEXT + [5], [6]) == []  # one earlier match: not sure enough for 0.99
+    assert proposer(GRAFT_VLLM_MIN_EXPECTED="4.5").start("a", TEXT + [5], [6]) == []  # 4 tokens cannot add 4.5
+    assert proposer(GRAFT_VLLM_MIN_EXPECTED="1").start("a", TEXT + [5], [6]) == [7, 8, 9, 10]
 
 
 def test_state_is_per_request_and_freed():

@@ -6,9 +6,11 @@ is the chain the engine verifies. What the engine accepted then feeds the retrie
 graft's own loop feeds them, so their calibration learns this model's habits within the request.
 
 Which retrievers live how long is decided once, when the engine starts (:class:`Retrievers`): one that may be asked
-about any context (``stateless``, Token Recycling's table) serves every request; graft's response cache keeps one
-index across requests and gives each request a view of it; every other retriever (the prompt-local cache, the
-datastores, a third party's) is made per request, so no request ever sees another's state.
+about any context (``stateless``: Token Recycling's table) and graft's datastore lookups serve every request (a
+datastore is opened, and its tokenizer checked, once; its calibration learns across requests), each told only the
+outcome of its own last lookup; graft's response cache keeps one index across requests and gives each request a
+view of it; every other retriever (the prompt-local cache, a third party's) is made per request, so no request
+ever sees another's state.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 from graft_cli.core import Options, complete, discovery
 from graft_cli.plugin import ROOT, Calibration, GraftError, Retriever, RetrieverEnv, Step, Tree
-from graft_vllm.responses import SharedResponses
+from graft_vllm.shared import SharedResponses, shareable
 from graft_vllm.settings import Settings
 
 
@@ -46,11 +48,12 @@ class Retrievers:
         self.shared: list[Retriever] = []
         self.responses: list[SharedResponses] = []
         self.fresh: list[str] = []  # made per request
+        self.looked_up: dict[int, Session] = {}  # a shared retriever (by id) -> the session of its last lookup
         for name in settings.retrievers:
             retriever = self._make(name)
             if SharedResponses.holds(retriever):
                 self.responses.append(SharedResponses(retriever))
-            elif retriever.stateless:  # its lookups read nothing of a request: one serves them all
+            elif retriever.stateless or shareable(retriever):  # its lookups read nothing of a request
                 self.shared.append(retriever)
             else:
                 self.fresh.append(name)
@@ -65,6 +68,14 @@ class Retrievers:
     def for_request(self) -> list[Retriever]:
         return [*self.shared, *(r.view() for r in self.responses), *(self._make(name) for name in self.fresh)]
 
+    def told(self, retriever: Retriever, session: Session) -> bool:
+        """Whether ``session`` may tell ``retriever`` what its step accepted: always for its own retrievers; for
+        a shared one only when the last lookup it made was this session's (the one it would judge)."""
+        return all(retriever is not r for r in self.shared) or self.looked_up.get(id(retriever)) is session
+
+    def looking_up(self, retriever: Retriever, session: Session) -> None:
+        self.looked_up[id(retriever)] = session
+
     def close(self) -> None:
         for retriever in self.shared:
             retriever.close()
@@ -73,16 +84,17 @@ class Retrievers:
 class Session:
     """One request: its retrievers, its context, and the chain last sent."""
 
-    def __init__(self, retrievers: list[Retriever], prompt: Sequence[int], appended: Sequence[int],
+    def __init__(self, owner: Retrievers, prompt: Sequence[int], appended: Sequence[int],
                  settings: Settings, warn: Callable[[Retriever, str, Exception], None]) -> None:
-        self.retrievers, self.settings, self.warn = retrievers, settings, warn
+        self.owner, self.retrievers, self.settings, self.warn = owner, owner.for_request(), settings, warn
         self.tokens = [*map(int, prompt), *map(int, appended)]
         self.calibration = Calibration()  # for the retrievers that leave calibration to the proposer
         self.pool, self.path = Tree(), []  # the merged lookup and the chain sent from it (node indices)
         prefill = Step(list(self.tokens), [int(t) for t in appended], Tree(), list(range(len(prompt))))
-        for retriever in retrievers:
-            self._safely(retriever, "start", lambda r=retriever: r.start(list(prompt)))
-            self._safely(retriever, "observe", lambda r=retriever: r.observe(prefill))
+        for retriever in self.retrievers:
+            if owner.told(retriever, self):  # a shared one starts nothing per request
+                self._safely(retriever, "start", lambda r=retriever: r.start(list(prompt)))
+                self._safely(retriever, "observe", lambda r=retriever: r.observe(prefill))
 
     def feed(self, appended: Sequence[int]) -> int:
         """The tokens the engine appended since the last chain (its accepted prefix, then the target's own
@@ -96,7 +108,8 @@ class Session:
         verified = self.pool.subtree(self.path)
         step = Step(list(self.tokens), appended, verified, list(range(accepted + 1)))
         for retriever in self.retrievers:
-            self._safely(retriever, "observe", lambda r=retriever: r.observe(step))
+            if self.owner.told(retriever, self):
+                self._safely(retriever, "observe", lambda r=retriever: r.observe(step))
         self.calibration.observe(self.pool, self.pool.follow(appended), horizon=len(appended))
         return accepted
 
@@ -119,6 +132,7 @@ class Session:
         return [pool.nodes[i].token for i in path]
 
     def _retrieve(self, retriever: Retriever) -> Tree:
+        self.owner.looking_up(retriever, self)
         try:
             found = retriever.retrieve(self.tokens, self.settings.lookup)
             if not isinstance(found, Tree):
@@ -154,7 +168,7 @@ class ChainProposer:
     def start(self, key: Hashable, prompt: Sequence[int], appended: Sequence[int]) -> list[int]:
         """A new request (its prompt and the first tokens generated): its first chain."""
         self.finish(key)
-        self.sessions[key] = Session(self.retrievers.for_request(), prompt, appended, self.settings, self._warn)
+        self.sessions[key] = Session(self.retrievers, prompt, appended, self.settings, self._warn)
         return self._draft(key)
 
     def step(self, key: Hashable, appended: Sequence[int]) -> list[int]:

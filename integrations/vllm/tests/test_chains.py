@@ -143,3 +143,24 @@ def test_registered_method_adapter(monkeypatch):
     spec.on_requests_finished({"r"})
     assert "r" not in spec.chains
     assert engine.chain_proposer  # the real factory stays for real engines
+
+
+def test_datastore_lookup_is_shared_and_judges_only_its_own_lookups(tmp_path):
+    from transformers import AutoTokenizer
+
+    from graft_vllm import bench
+
+    if not bench.MODEL.exists():
+        pytest.skip(f"the default model is not at {bench.MODEL}")
+    files = bench.corpus_files()[:2]
+    store = bench.build_store(files, tmp_path / "store")
+    tokenizer = AutoTokenizer.from_pretrained(str(bench.MODEL))
+    settings = read({"GRAFT_VLLM_RETRIEVERS": "suffix-array", "GRAFT_VLLM_DATASTORE": str(store)})
+    chains = ChainProposer(settings, len(tokenizer), tokenizer, 8, max_len=2048)
+    ids = tokenizer.encode(files[0].read_text())[:200]
+    chain = chains.start("a", ids[:100], ids[100:101])
+    assert chain and chain == ids[101 : 101 + len(chain)]  # the file goes on as the datastore holds it
+    chains.start("b", ids[:50], ids[50:51])
+    a, b = chains.sessions["a"], chains.sessions["b"]
+    assert a.retrievers[0] is b.retrievers[0]  # one instance: opened and checked once
+    assert chains.retrievers.told(b.retrievers[0], b) and not chains.retrievers.told(a.retrievers[0], a)

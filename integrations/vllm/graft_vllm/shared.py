@@ -1,5 +1,6 @@
-"""graft's response cache across an engine's requests: one index of every response the engine produced, and a
-view of it per request (the response it is generating, searched too, and committed when the request ends).
+"""graft's own retrievers that an engine's requests share: its datastore lookups, one instance for all; and its
+response cache, one index of every response the engine produced with a view of it per request (the response it is
+generating, searched too, and committed when the request ends).
 
 graft's own loop runs one request at a time, so its ``responses`` retriever keeps the live response in itself; an
 engine that batches keeps many live at once, hence one view each over the one index.
@@ -8,6 +9,13 @@ engine that batches keeps many live at once, hence one view each over the one in
 from __future__ import annotations
 
 from plugins.response_cache import ResponseCache
+from plugins.store_retriever import StoreRetriever
+
+
+def shareable(retriever: object) -> bool:
+    """Whether ``retriever`` is one of graft's datastore lookups: they read only the context (``start`` resets
+    nothing), so one instance serves every request, and the store is opened and checked once."""
+    return isinstance(retriever, StoreRetriever)
 
 
 class SharedResponses:

@@ -145,6 +145,7 @@ def run(modes: Sequence[Mode], workloads: dict[str, tuple[list[str], int]], conc
                 measure(llm, mode.name, workload, prompts, max(concurrencies), max_tokens)
             for concurrency in concurrencies:
                 results.append(measure(llm, mode.name, workload, prompts, concurrency, max_tokens))
+                print(table(results).splitlines()[-1], flush=True)  # as it comes: a long run shows its progress
         del llm
     return results
 

@@ -133,9 +133,10 @@ def measure(llm: Any, mode: str, workload: str, prompts: Sequence[str], concurre
 
 
 def run(modes: Sequence[Mode], workloads: dict[str, tuple[list[str], int]], concurrencies: Sequence[int],
-        max_tokens: int, tokens: int) -> list[Result]:
+        max_tokens: int, tokens: int, single: int | None = None) -> list[Result]:
     """Every mode over every workload (its prompts, and how many rounds of them: the last is measured at every
-    concurrency, the ones before warm what a mode learns across requests)."""
+    concurrency, the ones before warm what a mode learns across requests); one at a time, only the first ``single``
+    prompts when given."""
     results = []
     for mode in ordered(modes):
         llm = engine(mode, tokens)
@@ -144,7 +145,8 @@ def run(modes: Sequence[Mode], workloads: dict[str, tuple[list[str], int]], conc
             for _ in range(rounds - 1):  # the rounds before the measured ones, all at once
                 measure(llm, mode.name, workload, prompts, max(concurrencies), max_tokens)
             for concurrency in concurrencies:
-                results.append(measure(llm, mode.name, workload, prompts, concurrency, max_tokens))
+                asked = prompts[:single] if concurrency == 1 and single else prompts  # one at a time: the first few
+                results.append(measure(llm, mode.name, workload, asked, concurrency, max_tokens))
                 print(table(results).splitlines()[-1], flush=True)  # as it comes: a long run shows its progress
         del llm
     return results
@@ -170,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=8, help="num_speculative_tokens")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--concurrency", default="1,8")
+    parser.add_argument("--single", type=int, help="prompts asked one at a time (default: all)")
     parser.add_argument("--out", type=Path, help="JSON of every result (outputs included)")
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer  # lazy: only the command needs a tokenizer
@@ -185,7 +188,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                   {"GRAFT_VLLM_RETRIEVERS": "prompt,suffix-array", "GRAFT_VLLM_DATASTORE": str(store)}),
              Mode("graft: + response cache", "graft",
                   {"GRAFT_VLLM_RETRIEVERS": "prompt,suffix-array,responses", "GRAFT_VLLM_DATASTORE": str(store)})]
-    results = run(modes, workloads, [int(c) for c in args.concurrency.split(",")], args.max_tokens, args.tokens)
+    results = run(modes, workloads, [int(c) for c in args.concurrency.split(",")], args.max_tokens, args.tokens,
+                  args.single)
     print(table(results))
     if args.out:
         args.out.write_text(json.dumps([asdict(r) for r in results]))

@@ -67,6 +67,7 @@ class Generator:
         self.stop_ids = stop_ids(loaded)
         self.reach = tree_budget(config, loaded.device)  # the tree room a request must leave below the model's limits
         self._busy = threading.Lock()
+        self._closed = False
 
     def request(self, prompt: Prompt | None = None, *, messages: list[dict] | None = None, system: str | None = None,
                 max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
@@ -100,14 +101,19 @@ class Generator:
     def run(self, request: Request, should_stop: Callable[[], bool] | None = None) -> Stream:
         """Generate ``request``; ``should_stop`` (asked after each step) ends it early, as a client that went
         away ends a server's generation."""
+        if self._closed:
+            raise GraftError("this Generator is closed: open a new one (graft_cli.load) to generate again")
         if not self._busy.acquire(blocking=False):
             raise GraftError("this Generator is already generating (in another thread, or an unfinished stream): "
                              "use one Generator per thread and finish or close a stream before the next")
         return Stream(self, request, should_stop)
 
     def close(self) -> None:
-        """End of the session: retrievers that keep state on disk (an adjacency file) save it."""
-        self.proposer.close()
+        """End of the session: retrievers that keep state on disk (an adjacency file) save it. A closed Generator
+        refuses to generate (its retrievers' state is saved and may be released); closing twice does nothing."""
+        if not self._closed:
+            self._closed = True
+            self.proposer.close()
 
     def __enter__(self) -> Generator:
         return self

@@ -1,5 +1,6 @@
 """The ``graft`` command tree. Each command group lives in its own module of this package; this one wires them up
-and turns every user error into one line on stderr with exit code 2 (``GRAFT_DEBUG=1`` shows the traceback).
+and turns every user error into one line on stderr with exit code 2 (``GRAFT_DEBUG=1`` adds the traceback, same
+code).
 
 The command modules import their work inside the command functions, the one place in graft where imports wait:
 ``graft --help``, a usage error and the light commands then start without loading torch or transformers (about a
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import traceback
 
 import typer
 
@@ -85,6 +87,13 @@ def _process_settings() -> None:
     reuse_freed_memory()
 
 
+def _trace(debug: bool) -> None:
+    """With ``GRAFT_DEBUG=1`` the traceback of the error being handled goes to stderr before its one line; the exit
+    code stays the error's own (2), so a script that tests it behaves the same while someone debugs."""
+    if debug:
+        traceback.print_exc()
+
+
 def _version(show: bool) -> None:
     if show:
         print(f"graft {__version__}")
@@ -122,12 +131,10 @@ def _run(argv: list[str] | None, debug: bool) -> None:
             if text.strip():
                 print(text)
             raise SystemExit(0)
-        if debug:
-            raise
+        _trace(debug)
         fail(e.format_message().replace("\n", " "))
     except GraftError as e:
-        if debug:
-            raise
+        _trace(debug)
         fail(str(e))
     except BrokenPipeError:  # e.g. `graft generate ... | head`
         sys.stderr.close()

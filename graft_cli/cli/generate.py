@@ -26,7 +26,7 @@ INPUT, SAMPLING, OUTPUT = "Input", "Sampling", "Output"
 
 
 def generate(
-    text: Optional[str] = typer.Argument(None, metavar="PROMPT", rich_help_panel=INPUT, help="The prompt (or --prompt, --prompt-file, stdin with -f -)."),
+    text: Optional[str] = typer.Argument(None, metavar="PROMPT", help="The prompt (or --prompt, --prompt-file, stdin with -f -)."),
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", rich_help_panel=INPUT, help="Prompt text."),
     prompt_file: Optional[str] = typer.Option(None, "--prompt-file", "-f", rich_help_panel=INPUT, help="Read the prompt from FILE ('-' = stdin)."),
     jsonl: bool = typer.Option(False, "--jsonl", rich_help_panel=INPUT, help="Input is JSONL: {id, prompt} or {id, messages} per line; output is JSONL."),
@@ -55,7 +55,7 @@ def generate(
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, rich_help_panel=SAMPLING, help="Sample from the smallest set of tokens whose probability reaches P (1 = all)."),
     top_k: int = typer.Option(0, "--top-k", min=0, rich_help_panel=SAMPLING, help="Sample from the K most likely tokens only (0 = all)."),
     seed: Optional[int] = typer.Option(None, "--seed", rich_help_panel=SAMPLING, help="Same seed, same text, with every method (default: a random seed)."),
-    stop: List[str] = typer.Option([], "--stop", rich_help_panel=OUTPUT, help="End the answer before this text (repeatable)."),
+    stop: List[str] = typer.Option([], "--stop", rich_help_panel=OUTPUT, help="End the answer before this text (repeatable; backslash escapes as \\n, \\t, \\xHH are read)."),
     device: Device = "auto",
     dtype: Dtype = "auto",
     device_map: DeviceMap = None,
@@ -68,6 +68,7 @@ def generate(
     from graft_cli.api import open_generator
     from graft_cli.method.config import with_response_cache
     from graft_cli.cli.prefill_bar import PrefillBar
+    from graft_cli.cli.escapes import unescape
 
     given = [x for x in (text, prompt, prompt_file) if x is not None]
     if len(given) > 1:
@@ -84,7 +85,7 @@ def generate(
     if jsonl:  # a batch repeats itself: its answers are retrieved from (unless --retrievers says otherwise)
         config = with_response_cache(config)
     settings = dict(system=system, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                    seed=seed if seed is not None else random.randrange(2**31), stop=stop, raw=raw,
+                    seed=seed if seed is not None else random.randrange(2**31), stop=[unescape(s) for s in stop], raw=raw,
                     truncate=truncate)  # one seed for the whole run: a batch's lines sample as they would alone
     generator = open_generator(model, config, device, dtype, device_map, prefill_chunk, PrefillBar(), graphs)
     try:
@@ -160,7 +161,7 @@ def _parse_json(line: str):
     try:
         return json.loads(line)
     except json.JSONDecodeError as e:
-        raise GraftError(f"invalid JSON ({e.msg})") from None
+        raise GraftError(f"invalid JSON: {e.msg.removesuffix(' at')} at column {e.colno}") from None
 
 
 def _prompt_of(record) -> str | list[dict]:

@@ -8,6 +8,8 @@ GRAFT := $(VENV)/bin/graft
 # The CPU build of torch (pip would otherwise pull a multi-GB CUDA build) and faiss-cpu; machines with CUDA get the
 # normal torch and faiss-gpu-cu12 (the `cuda` extra: never both FAISS wheels, they install the same module).
 TORCH_CPU ?= torch==2.13.0
+# The demo's two runs share one pinned thread count, so its ratio holds on a machine busy with other work.
+DEMO_THREADS ?= 1
 DEMO_PROMPT ?= Write a Python function that reads a JSON file and returns its contents.
 STDLIB := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['stdlib'])")
 
@@ -27,7 +29,7 @@ demo: install
 	$(GRAFT) index build $(STDLIB)/json $(STDLIB)/email $(STDLIB)/asyncio --model smollm2-135m-instruct \
 		--kind suffix-array --name stdlib-demo --force
 	$(VENV)/bin/python -m benchmarks.demo --datastore stdlib-demo --max-new-tokens 128 \
-		--prompt "$(DEMO_PROMPT)"
+		--threads $(DEMO_THREADS) --prompt "$(DEMO_PROMPT)"
 
 # specforge: the reference EAGLE-3 class tests/test_heads.py checks the head format against; without its own
 # dependencies, which pin another torch and sglang (its model class needs only torch and transformers).

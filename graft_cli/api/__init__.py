@@ -18,6 +18,7 @@ from typing import Any, Sequence
 from graft_cli.api.generator import Completion, Generator, Piece, Request, Stream
 from graft_cli.catalog.entries import DEFAULT_MODEL
 from graft_cli.core import GraftError
+from graft_cli.core.threads import use_threads
 from graft_cli.method import builder as methods
 from graft_cli.method.config import MethodConfig, configure
 from graft_cli.runtime.fixed_target import use_graphs
@@ -29,12 +30,14 @@ __all__ = ["Completion", "Generator", "Piece", "Request", "Stream", "load", "ope
 
 def open_generator(model: str, config: MethodConfig, device: str = "auto", dtype: str = "auto",
                    device_map: str | dict | None = None, prefill_chunk: int = 512,
-                   progress: Progress | None = None, graphs: str = "auto") -> Generator:
+                   progress: Progress | None = None, graphs: str = "auto", *, threads: int | None = None) -> Generator:
     """A Generator for a method configuration: the configuration and its datastore checked before the model loads
-    (a wrong flag should not cost seconds). ``graphs``: auto, on or off (``--graphs``: the fixed-shape path)."""
+    (a wrong flag should not cost seconds). ``graphs``: auto, on or off (``--graphs``: the fixed-shape path).
+    ``threads``: torch's CPU threads, set for the process (None: the cores it may use; graft_cli/core/threads.py)."""
     methods.check(config)
     methods.check_datastore(config)
     use_graphs(graphs, "cpu")  # a bad value fails here, before the model loads
+    use_threads(threads)
     loaded = load_model(model, device, dtype, parse_device_map(device_map))
     return Generator(loaded, config, prefill_chunk, progress, graphs)
 
@@ -43,13 +46,15 @@ def load(model: str = DEFAULT_MODEL, *, method: str = "graft", draft: str | None
          datastores: Sequence[str] = (), retrievers: Sequence[str] | None = None,
          retriever_options: dict[str, str] | None = None, budget: int | str | None = None, tree: str | None = None,
          device: str = "auto", dtype: str = "auto", device_map: str | dict | None = None, prefill_chunk: int = 512,
-         adjacency_file: str | None = None, graphs: str = "auto", **drafting: Any) -> Generator:
+         adjacency_file: str | None = None, graphs: str = "auto", threads: int | None = None,
+         **drafting: Any) -> Generator:
     """A model (catalog name, path, or hub id) and a method, ready to generate. ``drafting``: any
     :class:`~graft_cli.core.DraftSettings` field (``depth``, ``draft_top_k``, ``prune_at``, ``chain``, ...).
-    ``graphs``: ``on`` verifies at fixed shapes, captured as CUDA graphs on a GPU; ``auto``: on CUDA only."""
+    ``graphs``: ``on`` verifies at fixed shapes, captured as CUDA graphs on a GPU; ``auto``: on CUDA only.
+    ``threads``: torch's CPU threads for the process (None: the cores it may use)."""
     if len(datastores) > 1:
         raise GraftError("a Generator retrieves from one datastore (give one in datastores)")
     config = configure(method, budget=budget, retrievers=None if retrievers is None else list(retrievers),
                        datastore=str(datastores[0]) if datastores else None, adjacency_file=adjacency_file,
                        retriever_options=retriever_options, draft=draft, tree=tree, **drafting)
-    return open_generator(model, config, device, dtype, device_map, prefill_chunk, graphs=graphs)
+    return open_generator(model, config, device, dtype, device_map, prefill_chunk, graphs=graphs, threads=threads)

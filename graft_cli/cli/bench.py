@@ -14,6 +14,7 @@ from graft_cli.cli.options import (
     option_pairs,
 )
 from graft_cli.core import GraftError
+from graft_cli.core.threads import use_threads
 
 if TYPE_CHECKING:
     from graft_cli.bench.options import Shard
@@ -90,9 +91,7 @@ def bench(
         graphs=graphs,
     )
     if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
+        use_threads(threads)
     code = run_bench(opts)
     if code:
         raise SystemExit(code)  # after the results are written; typer.Exit would be swallowed by cli.main

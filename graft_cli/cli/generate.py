@@ -15,7 +15,7 @@ from graft_cli.catalog.entries import DEFAULT_MODEL
 from graft_cli.cli.options import (
     AdjacencyFile, Budget, Chain, Datastore, Depth, Device, DeviceMap, Draft, DraftAhead, DraftTopK, DraftVocab,
     DraftWeights, DraftWindow, Dtype, Graphs, MaxNewTokens, Method, Model, PrefillChunk, PruneAt, RetrieverOpt,
-    Retrievers, RopeTheta, TreeShape, Truncate, method_config,
+    Retrievers, RopeTheta, Threads, TreeShape, Truncate, method_config,
 )
 from graft_cli.core import GraftError
 
@@ -63,6 +63,7 @@ def generate(
     stats: bool = typer.Option(False, "--stats", rich_help_panel=OUTPUT, help="Print decoding statistics to stderr."),
     prefill_chunk: PrefillChunk = 512,
     graphs: Graphs = "auto",
+    threads: Threads = None,
 ) -> None:
     """Generate text from a prompt, losslessly faster."""
     from graft_cli.api import open_generator
@@ -87,7 +88,8 @@ def generate(
     settings = dict(system=system, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                     seed=seed if seed is not None else random.randrange(2**31), stop=[unescape(s) for s in stop], raw=raw,
                     truncate=truncate)  # one seed for the whole run: a batch's lines sample as they would alone
-    generator = open_generator(model, config, device, dtype, device_map, prefill_chunk, PrefillBar(), graphs)
+    generator = open_generator(model, config, device, dtype, device_map, prefill_chunk, PrefillBar(), graphs,
+                               threads=threads)
     try:
         if jsonl:
             _run_jsonl(generator, lines, settings, stats)

@@ -67,6 +67,10 @@ Graphs = Annotated[str, typer.Option(
     help="Verify at fixed shapes, each captured once as a CUDA graph (seconds at start-up): auto (on CUDA "
          f"{'on' if CUDA.graphs else 'off'}, on CPU {'on' if CPU.graphs else 'off'}: there the padding costs real "
          "compute), on or off. A shape whose capture fails runs eagerly.")]
+Threads = Annotated[Optional[int], typer.Option(
+    "--threads", min=1, rich_help_panel=DEVICE,
+    help="CPU threads torch runs on (default: the cores this process may use, as taskset or a container's cpuset "
+         "allows). Beside other busy processes, fewer can be faster.")]
 PrefillChunk = Annotated[int, typer.Option("--prefill-chunk", min=1, rich_help_panel=DEVICE, help="Prompt tokens per prefill forward (bounds the prefill's peak memory; a progress bar shows on a terminal when the prefill takes over 2 s).")]
 
 

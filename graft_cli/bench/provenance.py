@@ -16,6 +16,7 @@ import torch
 from graft_cli.bench.datasets import REPO_ROOT
 from graft_cli.bench.models import Models
 from graft_cli.bench.options import BenchOptions
+from graft_cli.core.cpu_units import cpu_units
 from graft_cli.bench.workload import Workload
 from graft_cli.catalog.checksums import model_checksum
 from graft_cli.heads import resolve_head
@@ -79,6 +80,7 @@ def environment(device: str) -> dict:
         info["gpu"] = torch.cuda.get_device_name(torch.device(device).index or 0)
     else:
         info["cpu"] = _cpu_name()
+        info["cpu_units"] = cpu_units().summary()  # the figures depend on them: bf16 pays only with AMX/AVX512-BF16
     return {"versions": versions, "device": info}
 
 

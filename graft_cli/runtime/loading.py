@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from transformers.utils import logging as hf_logging
 
 from graft_cli.catalog.resolve import resolve_model
 from graft_cli.core import GraftError
+from graft_cli.core.cpu_units import cpu_units
 from graft_cli.runtime.cpu_linear import use_cpu_linears
 from graft_cli.runtime.limits import Limits, limits
 from graft_cli.runtime.target import input_device
@@ -98,6 +100,9 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map:
     the same bits as the run it continues)."""
     device = pick_device(device)
     torch_dtype = pick_dtype(dtype, device)
+    if device == "cpu" and torch_dtype == torch.bfloat16 and not cpu_units().bf16:
+        print(f"graft: note: this CPU has no bf16 matrix unit (AMX or AVX512-BF16: {cpu_units().summary()}); "
+              "bfloat16 runs emulated, slower than float32", file=sys.stderr)
     device_map = parse_device_map(device_map)
     path = resolve_model(spec)
     with quiet_transformers():

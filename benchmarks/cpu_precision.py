@@ -1,0 +1,111 @@
+"""What low precision buys on this CPU: a linear layer of the default model's shapes at 1, 16, 64 and 512 rows
+in fp32, bf16 and weight-only int8, then plain decoding and graft in fp32 and bf16 on one prompt, with whether
+graft's tokens are plain decoding's in the same dtype (or where they part at a floating-point tie, and its margin).
+
+    python -m benchmarks.cpu_precision [--threads 1] [-n 32] [--parts products,decoding]
+
+The CPU's matrix units are printed first (graft_cli/core/cpu_units.py): bf16 pays only with AMX or AVX512-BF16.
+Over a dataset: ``graft bench --dtype bfloat16`` lists every tie with its margin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+from graft_cli.core import Stats
+from graft_cli.core.cpu_units import cpu_units
+from graft_cli.core.threads import use_threads
+from graft_cli.method import builder as methods
+from graft_cli.method.config import configure
+from graft_cli.runtime.engine import decode
+from graft_cli.runtime.loading import encode, load_model, stop_ids
+from graft_cli.runtime.lossless import MarginTarget, first_difference, tie_tolerance
+from graft_cli.runtime.sampling import Sampling
+from graft_cli.runtime.target import Target
+
+SHAPES = {"attention 576x576": (576, 576), "mlp up 576x1536": (1536, 576), "lm head 576x49152": (49152, 576)}
+ROWS = (1, 16, 64, 512)
+PROMPT = "Write a Python function that reads a JSON file and returns its contents."
+
+
+def seconds(fn, repeats: int = 20, budget: float = 1.0) -> float:
+    """The best of up to ``repeats`` timings of ``fn()`` (after one warm-up; fewer once ``budget`` seconds are
+    spent): the least disturbed by other work."""
+    fn()
+    best, spent = float("inf"), 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        took = time.perf_counter() - t0
+        best, spent = min(best, took), spent + took
+        if spent > budget:
+            break
+    return best
+
+
+def products() -> None:
+    print(f"{'layer':<20} {'rows':>5} {'fp32 ms':>8} {'bf16/fp32':>10} {'int8w/fp32':>11}")
+    for name, (out, inp) in SHAPES.items():
+        w = torch.randn(out, inp)
+        wb = w.bfloat16()
+        scales = w.abs().amax(1) / 127
+        wq = (w / scales[:, None]).round().to(torch.int8)
+        for rows in ROWS:
+            x = torch.randn(rows, inp)
+            xb = x.bfloat16()
+            fp32 = seconds(lambda: F.linear(x, w))
+            bf16 = seconds(lambda: F.linear(xb, wb))
+            int8 = seconds(lambda: torch._weight_int8pack_mm(x, wq, scales))
+            print(f"{name:<20} {rows:>5} {fp32 * 1e3:>8.3f} {bf16 / fp32:>9.2f}x {int8 / fp32:>10.2f}x", flush=True)
+
+
+def run(loaded, method: str, ids: list[int], n: int) -> tuple[list[int], float, list[float]]:
+    """One greedy generation after a 4-token warm-up: its tokens, tokens/s, and (for ``ar``) the margin between
+    the top two logits at each token, what tells a floating-point tie from a mismatch."""
+    target = MarginTarget(loaded.model) if method == "ar" else Target(loaded.model)
+    proposer = methods.build(configure(method), loaded, target)
+    for warm_up in (True, False):
+        stats = Stats()
+        steps = decode(target, proposer, ids, Sampling(), 4 if warm_up else n, stop_ids(loaded), None, stats)
+        tokens = [t for step in steps for t in step]
+    proposer.close()
+    return tokens, stats.tokens_per_s, target.margins() if method == "ar" else []
+
+
+def decoding(n: int) -> None:
+    """ar and graft in fp32 and bf16; graft's bf16 tokens judged against plain bf16 decoding's as graft bench
+    judges them (graft_cli/runtime/lossless.py)."""
+    for dtype in ("float32", "bfloat16"):
+        loaded = load_model("smollm2-135m-instruct", "cpu", dtype)
+        ids = encode(loaded.tokenizer, PROMPT)
+        with torch.inference_mode():
+            ar, ar_speed, margins = run(loaded, "ar", ids, n)
+            graft, graft_speed, _ = run(loaded, "graft", ids, n)
+        diff = first_difference(graft, ar, margins, tie_tolerance(dtype))
+        verdict = "same tokens" if diff is None else \
+            f"{'tie' if diff.tie else 'MISMATCH'} at token {diff.position} (ar's top-2 margin {diff.margin})"
+        print(f"{dtype:>9}: ar {ar_speed:6.2f} tok/s, graft {graft_speed:6.2f} tok/s; {verdict}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("-n", type=int, default=32, help="tokens decoded per run")
+    parser.add_argument("--parts", default="products,decoding", help="products, decoding or both")
+    args = parser.parse_args()
+    use_threads(args.threads)
+    print(f"{cpu_units().summary()}; torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}), "
+          f"{args.threads} thread(s)")
+    if "products" in args.parts:
+        with torch.inference_mode():
+            products()
+    if "decoding" in args.parts:
+        decoding(args.n)
+
+
+if __name__ == "__main__":
+    main()

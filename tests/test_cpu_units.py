@@ -1,0 +1,43 @@
+"""The CPU's matrix units, read from /proc/cpuinfo's flags: they decide whether bf16 or int8 can pay."""
+
+from __future__ import annotations
+
+from graft_cli.core.cpu_units import CpuUnits, cpu_units, parse_cpuinfo
+from tests.bench_fixtures import tiny_dir  # noqa: F401 - the fixture
+
+XEON = """processor	: 0
+model name	: Intel(R) Xeon(R) Platinum 8480+
+flags		: fpu avx2 avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8
+processor	: 1
+model name	: Intel(R) Xeon(R) Platinum 8480+
+flags		: fpu
+"""
+ZEN4 = "model name\t: AMD EPYC 9R14\nflags\t\t: avx2 avx512f avx512_vnni avx512_bf16\n"
+GUEST = "model name\t: AMD EPYC\nflags\t\t: fpu sse avx avx2 fma\n"  # a hypervisor that hides AVX-512
+
+
+def test_the_units_each_kind_of_cpu_has():
+    xeon, zen4, guest = parse_cpuinfo(XEON), parse_cpuinfo(ZEN4), parse_cpuinfo(GUEST)
+    assert xeon.name == "Intel(R) Xeon(R) Platinum 8480+" and xeon.best == "amx" and xeon.bf16 and xeon.int8
+    assert zen4.best == "avx512-bf16" and zen4.bf16 and zen4.int8 and not zen4.amx_bf16
+    assert guest.best == "none" and not guest.bf16 and not guest.int8 and guest.avx2
+    assert parse_cpuinfo("flags\t: avx2 avx_vnni\n").best == "vnni"
+    assert guest.summary() == "AMD EPYC (avx2; matrix units: none)"
+
+
+def test_this_machine_is_read():
+    units = cpu_units()
+    assert isinstance(units, CpuUnits) and units.name
+    assert units.best in ("amx", "avx512-bf16", "vnni", "none")
+
+
+def test_bf16_without_its_units_is_noted(tiny_dir, capsys, monkeypatch):
+    from graft_cli.runtime import loading
+
+    for text, noted in ((GUEST, True), (ZEN4, False)):
+        monkeypatch.setattr(loading, "cpu_units", lambda text=text: parse_cpuinfo(text))
+        loading.load_model(str(tiny_dir), "cpu", "bfloat16")
+        err = capsys.readouterr().err
+        assert ("no bf16 matrix unit" in err) == noted
+        loading.load_model(str(tiny_dir), "cpu", "float32")
+        assert "bf16" not in capsys.readouterr().err

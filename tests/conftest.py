@@ -17,11 +17,13 @@ PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 
 @pytest.fixture(autouse=True)
-def _threads(request):
-    """Tiny models run fastest on one thread; real-model tests get the machine's cores."""
+def _threads(request, monkeypatch):
+    """Tiny models run fastest on one thread (also where a command sets its own default, which follows
+    OMP_NUM_THREADS); real-model tests get the machine's cores."""
     before = torch.get_num_threads()
     if request.node.get_closest_marker("real_model") is None:
         torch.set_num_threads(1)
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
     yield
     torch.set_num_threads(before)
 

@@ -14,9 +14,12 @@ from graft_cli.core.threads import available_cores, sleep_while_waiting, use_thr
 from tests.bench_fixtures import run_cli, tiny_dir  # noqa: F401 - tiny_dir: the fixture
 
 
-def test_the_default_is_the_cores_the_process_may_use():
+def test_the_default_is_the_cores_the_process_may_use(monkeypatch):
     assert available_cores() == len(os.sched_getaffinity(0))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert use_threads(None) == available_cores() == torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's setting wins
+    assert use_threads(None) == 1 == torch.get_num_threads()
     assert use_threads(1) == 1 == torch.get_num_threads()
     with pytest.raises(GraftError, match="at least 1"):
         use_threads(0)

@@ -33,7 +33,7 @@ def open_generator(model: str, config: MethodConfig, device: str = "auto", dtype
                    progress: Progress | None = None, graphs: str = "auto", *, threads: int | None = None) -> Generator:
     """A Generator for a method configuration: the configuration and its datastore checked before the model loads
     (a wrong flag should not cost seconds). ``graphs``: auto, on or off (``--graphs``: the fixed-shape path).
-    ``threads``: torch's CPU threads, set for the process (None: the cores it may use; graft_cli/core/threads.py)."""
+    ``threads``: torch's CPU threads, set for the process (None: OMP_NUM_THREADS, else the cores it may use)."""
     methods.check(config)
     methods.check_datastore(config)
     use_graphs(graphs, "cpu")  # a bad value fails here, before the model loads
@@ -51,7 +51,7 @@ def load(model: str = DEFAULT_MODEL, *, method: str = "graft", draft: str | None
     """A model (catalog name, path, or hub id) and a method, ready to generate. ``drafting``: any
     :class:`~graft_cli.core.DraftSettings` field (``depth``, ``draft_top_k``, ``prune_at``, ``chain``, ...).
     ``graphs``: ``on`` verifies at fixed shapes, captured as CUDA graphs on a GPU; ``auto``: on CUDA only.
-    ``threads``: torch's CPU threads for the process (None: the cores it may use)."""
+    ``threads``: torch's CPU threads for the process (None: OMP_NUM_THREADS, else the cores it may use)."""
     if len(datastores) > 1:
         raise GraftError("a Generator retrieves from one datastore (give one in datastores)")
     config = configure(method, budget=budget, retrievers=None if retrievers is None else list(retrievers),

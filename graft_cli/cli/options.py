@@ -69,8 +69,8 @@ Graphs = Annotated[str, typer.Option(
          "compute), on or off. A shape whose capture fails runs eagerly.")]
 Threads = Annotated[Optional[int], typer.Option(
     "--threads", min=1, rich_help_panel=DEVICE,
-    help="CPU threads torch runs on (default: the cores this process may use, as taskset or a container's cpuset "
-         "allows). Beside other busy processes, fewer can be faster.")]
+    help="CPU threads torch runs on (default: OMP_NUM_THREADS if set, else the cores this process may use, as "
+         "taskset or a container's cpuset allows).")]
 PrefillChunk = Annotated[int, typer.Option("--prefill-chunk", min=1, rich_help_panel=DEVICE, help="Prompt tokens per prefill forward (bounds the prefill's peak memory; a progress bar shows on a terminal when the prefill takes over 2 s).")]
 
 

@@ -28,6 +28,13 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def default_threads() -> int:
+    """``OMP_NUM_THREADS`` where the user set it (torch's own convention, and what scripts that pin a child
+    process's threads set), else :func:`available_cores`."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else available_cores()
+
+
 def sleep_while_waiting() -> None:
     """OpenMP threads that sleep, not spin, at the end of a parallel region (unless OMP_WAIT_POLICY is set).
     Call before torch is imported: later it changes nothing."""
@@ -35,9 +42,9 @@ def sleep_while_waiting() -> None:
 
 
 def use_threads(threads: int | None) -> int:
-    """Run torch's CPU work on ``threads`` threads (None: :func:`available_cores`), intra-op and, where torch
+    """Run torch's CPU work on ``threads`` threads (None: :func:`default_threads`), intra-op and, where torch
     still allows it (before its first parallel work), inter-op; the count used."""
-    count = available_cores() if threads is None else threads
+    count = default_threads() if threads is None else threads
     if count < 1:
         raise GraftError(f"threads must be at least 1, got {count}")
     import torch

@@ -38,7 +38,9 @@ def measure(args: argparse.Namespace, threads: int, policy: str, busy: int) -> f
     try:
         out = subprocess.run([sys.executable, "-m", "benchmarks.busy_threads", "--child", "--threads", str(threads),
                               "--model", args.model, "-n", str(args.n)], env=env, capture_output=True, text=True,
-                             check=True)
+                             check=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:  # a collapsed run: at most n tokens in the whole time allowed
+        return args.n / args.timeout
     finally:
         for p in spinners:
             p.kill()
@@ -54,6 +56,8 @@ def main() -> None:
     parser.add_argument("--busy", type=int, default=1, help="busy processes beside the measured one")
     parser.add_argument("-n", type=int, default=48, help="tokens decoded")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each, the best kept")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds a run may take (load included); a slower one counts as n/timeout tok/s")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

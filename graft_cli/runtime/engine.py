@@ -8,9 +8,11 @@ the recorder it was handed, so the loop itself is only the algorithm.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterator, Sequence
 
 from graft_cli.core import ROOM, Proposer, Stats, Step, Tree
+from graft_cli.core.constraint import Constraint
 from graft_cli.runtime.sampling import Noise, Sampling
 from graft_cli.runtime.target import Rule, Target
 
@@ -24,15 +26,17 @@ def decode(
     stop_ids: set[int],
     seed: int | None = None,
     stats: Stats | None = None,
+    constraint: Constraint | None = None,
 ) -> Iterator[list[int]]:
     """Yield the new tokens of each step; stops after a stop token or exactly ``max_new_tokens`` tokens. Sampled
     text is a function of ``seed`` (with the model, prompt and sampling settings) alone, whatever the proposer.
-    Phases are timed on the proposer's clock (its recorder's), counted into ``stats``."""
+    Phases are timed on the proposer's clock (its recorder's), counted into ``stats``. ``constraint``: the tokens
+    the text may hold (a grammar), applied at every verified row; the same text as plain decoding under it."""
     phases = Phases(target, proposer, stats if stats is not None else Stats())
     if max_new_tokens <= 0:
         return
     noise = None if sampling.greedy else Noise(0 if seed is None else seed, target.device)
-    rule = target.rule(sampling, noise, proposer.needs, len(prompt))
+    rule = replace(target.rule(sampling, noise, proposer.needs, len(prompt)), constraint=constraint)
     step = phases.start(prompt, rule, len(prompt) + max_new_tokens + ROOM)  # caches reserved once a request
     while True:
         new = _clip(step.accepted, max_new_tokens - phases.stats.new_tokens, stop_ids)
@@ -40,7 +44,7 @@ def decode(
         yield new
         if new[-1] in stop_ids or phases.stats.new_tokens >= max_new_tokens:
             return
-        tree = phases.propose(step.context)
+        tree = phases.propose(step.context, constraint)
         step = phases.verify(step.context, tree, rule)
         phases.observe(step)
 
@@ -61,9 +65,10 @@ class Phases:
             self.proposer.start(prompt, step, capacity)
         return step
 
-    def propose(self, context: list[int]) -> Tree:
-        with self.recorder.timed("propose"):  # a plugin's bad ids never reach the model
-            return self.proposer.propose(context).within(self.target.vocab_size)
+    def propose(self, context: list[int], constraint: Constraint | None = None) -> Tree:
+        with self.recorder.timed("propose"):  # a plugin's bad ids never reach the model, nor a grammar's
+            tree = self.proposer.propose(context).within(self.target.vocab_size)
+            return tree if constraint is None else constraint.shape(tree)
 
     def verify(self, context: list[int], tree: Tree, rule: Rule) -> Step:
         with self.recorder.timed("verify"):

@@ -69,7 +69,7 @@ class FixedShapeTarget(Target):
         """The prefill's token, (needed) its row's top-k and what ``Needs.queue`` queues from the token, in one
         read, so that a request's first step, like every other, reads the device once."""
         needs = rule.needs
-        if not needs.successors and needs.queue is None:
+        if (not needs.successors and needs.queue is None) or rule.constraint is not None:  # a grammar: eager
             return super().first(prompt, out, rule, capacity)
         choice = chosen(out.logits[-1], rule.sampling, rule.noise, 0)
         top = top_k_rows(out.logits[-1:, : self.text_vocab], needs.successors) if needs.successors else choice[:0]
@@ -87,7 +87,8 @@ class FixedShapeTarget(Target):
         result (the next draft) is read with it."""
         rows, past, ring, needs = len(tree) + 1, self.length, rule.noise, rule.needs
         size, capacity = bucket(rows, self.buckets), self.cache.layers[0].keys.shape[2]
-        if past + size > capacity:  # no room to pad: the eager step (nothing queued: drafted after it)
+        # no room to pad, or a grammar's masks (made on the host): the eager step (nothing queued: drafted after it)
+        if past + size > capacity or rule.constraint is not None:
             return super().step(context, tree, rule)
         keys = key_rows(past + size, capacity)
         inputs = self.inputs.get(size) or self.inputs.setdefault(size, StaticInputs(size, self.device))

@@ -22,6 +22,7 @@ from graft_cli.runtime.kv_cache import PositionCache, cache_keyword
 from graft_cli.runtime.sampling import Noise, Sampling, pick
 from graft_cli.runtime.verify import accept
 from graft_cli.core import ROOM, Needs, Step, Tree
+from graft_cli.core.constraint import Constraint
 
 PREFILL_CHUNK = 512  # prompt tokens per prefill forward (see docs/benchmarks.md, "Long context")
 Progress = Callable[[int, int], None]  # (prompt tokens prefilled so far, prompt length): at 0, then per chunk
@@ -38,13 +39,14 @@ class Forward:
 @dataclass(frozen=True)
 class Rule:
     """One request's choices and reads: its sampling settings and noise (a fixed-shape target's: a ring of the same
-    rows), the prompt's length (a row's generated-token index is its position past it), and what the proposer
-    needs of each step."""
+    rows), the prompt's length (a row's generated-token index is its position past it), what the proposer
+    needs of each step, and the tokens the text may hold (a grammar: every row masked along its own path)."""
 
     sampling: Sampling
     noise: Noise | None
     needs: Needs
     prompt: int
+    constraint: Constraint | None = None
 
     def position(self, context: Sequence[int]) -> int:
         """The generated-token index the root row of a step after ``context`` chooses (its noise row)."""
@@ -183,14 +185,21 @@ class Target:
               capacity: int) -> tuple[int, np.ndarray | None, list[float] | None]:
         """The prefill's token from its last row; here one read, no top-k (a retriever that learns from it computes
         its own on the device, read with its next lookup) and nothing queued (the fixed-shape path's)."""
-        return pick(out.logits[-1], rule.sampling, rule.noise, 0), None, None
+        if rule.constraint is None:
+            return pick(out.logits[-1], rule.sampling, rule.noise, 0), None, None
+        token = pick(rule.constraint.masked(Tree(), out.logits[-1:])[0], rule.sampling, rule.noise, 0)
+        rule.constraint.advance([token])
+        return token, None, None
 
     def step(self, context: list[int], tree: Tree, rule: Rule) -> Step:
         """Verify ``tree`` after ``context`` in one forward, accept on the host (``verify.accept``) and keep the
         accepted rows: the step's record."""
         out = self.verify(context[-1], tree, rule.needs.hidden)
-        result = accept(tree, out.logits, rule.sampling, rule.noise, rule.position(context))
+        logits = out.logits if rule.constraint is None else rule.constraint.masked(tree, out.logits)
+        result = accept(tree, logits, rule.sampling, rule.noise, rule.position(context))
         self.keep(result.rows(), len(tree) + 1)
+        if rule.constraint is not None:
+            rule.constraint.advance([tree.nodes[i].token for i in result.nodes] + [result.bonus])
         return verified(context, tree, result.nodes, result.bonus, logits=out.logits, hidden=out.hidden)
 
     @torch.inference_mode()

@@ -1,0 +1,26 @@
+"""What the decoding loop asks of a request's constraint (a grammar): declared here so that the runtime, which
+applies it, never imports the engine that implements it (graft_cli/grammar/)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, Sequence
+
+from graft_cli.core.tree import Tree
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Constraint(Protocol):
+    """The tokens a request may produce: a state after the accepted text, rolled forward along tree paths."""
+
+    def shape(self, tree: Tree) -> Tree:
+        """The tree to verify: without the nodes the constraint rejects (nor their subtrees), and with paths
+        extended by the tokens it forces (for a method that drafts)."""
+
+    def masked(self, tree: Tree, logits: "torch.Tensor") -> "torch.Tensor":
+        """``logits [1 + len(tree), V]`` with every token the constraint forbids at each row -- the root's, node
+        i's after its own path -- set to minus infinity, so that acceptance chooses among allowed tokens only."""
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        """The accepted tokens of a step (a stop token ends the text: it is not fed)."""

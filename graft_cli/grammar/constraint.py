@@ -1,0 +1,115 @@
+"""A grammar applied to a speculative step: every node's token checked from its parent's state, every verified
+row masked by the state after its own path, and the tokens the grammar forces added to the tree as drafts.
+
+One llguidance matcher holds the state after the accepted text; a step walks the tree depth first, feeding each
+node's token and rolling it back on the way up, so a node's state is exactly the state plain decoding would be
+in after the same tokens. Acceptance then chooses among allowed tokens only at every row, which is what plain
+decoding with the same mask does at every position: the accepted text is the same, greedy or seeded."""
+
+from __future__ import annotations
+
+from time import perf_counter
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from graft_cli.core import ROOT, GraftError, Tree
+from graft_cli.grammar.spec import Grammar, GrammarTokenizer
+
+FORCED = "forced"  # the source name of nodes the grammar forced (Stats.accepted counts them under it)
+FORCED_NODES = 48  # forced nodes a step may add past the proposer's tree (each costs a verified row)
+
+
+class GrammarConstraint:
+    """One request's grammar state (graft_cli.core.constraint.Constraint). ``drafts``: whether forced tokens are
+    added to the tree (not for plain decoding, the reference). ``seconds`` adds up the host time spent on the
+    grammar (masks, checks, forced tokens): what the constraint costs each step, reported beside the phases."""
+
+    def __init__(self, grammar: Grammar, tokenizer: GrammarTokenizer, drafts: bool = True) -> None:
+        self.matcher = tokenizer.matcher(grammar)
+        self.vocab, self.stops, self.drafts = tokenizer.vocab, tokenizer.stops, drafts
+        self.words = len(self.matcher.compute_bitmask()) // 4  # a row's 32-bit words (the engine's own count)
+        self.seconds = 0.0
+        self.fed = 0  # tokens fed to the matcher: the text so far, stop tokens excepted
+
+    @property
+    def complete(self) -> bool:
+        """Whether the text so far is a whole match (a cut answer is not)."""
+        return self.matcher.is_accepting()
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        began = perf_counter()
+        for token in tokens:
+            if token in self.stops:
+                break
+            if not self.matcher.consume_token(int(token)):  # the mask allowed it: only an engine fault gets here
+                raise GraftError(f"the grammar rejected token {token} it allowed: {self.matcher.get_error()}")
+            self.fed += 1
+        self.seconds += perf_counter() - began
+
+    def shape(self, tree: Tree) -> Tree:
+        began = perf_counter()
+        valid, forced = self._walk(tree, lambda: self.matcher.compute_ff_tokens() if self.drafts else [])
+        shaped = tree if len(valid) == len(tree) else tree.subtree(valid)
+        room = FORCED_NODES
+        for node in [ROOT, *shaped.ranked()]:  # the root, then the best nodes first
+            old = ROOT if node == ROOT else valid[node]
+            tokens = forced.get(old, [])[:room]
+            if not tokens:
+                continue
+            score = 1.0 if node == ROOT else shaped.nodes[node].score
+            before = len(shaped)
+            shaped.add_path(tokens, [score] * len(tokens), FORCED, node)
+            room -= len(shaped) - before
+            if room <= 0:
+                break
+        self.seconds += perf_counter() - began
+        return shaped
+
+    def masked(self, tree: Tree, logits: torch.Tensor) -> torch.Tensor:
+        began = perf_counter()
+        packed = np.full((len(tree) + 1, self.words), -1, dtype=np.int32)  # an invalid node's row: anything
+
+        def mask(row: int) -> None:
+            packed[row] = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.int32)
+
+        mask(0)
+        self._walk(tree, None, mask)
+        allowed = np.unpackbits(packed.view(np.uint8), axis=1, bitorder="little")[:, : logits.shape[-1]]
+        if allowed.shape[1] < logits.shape[-1]:  # ids past the tokenizer's (padding rows of an embedding): never
+            allowed = np.pad(allowed, ((0, 0), (0, logits.shape[-1] - allowed.shape[1])))
+        if not allowed.any(axis=1).all():
+            raise GraftError(f"the grammar allows no token here: {self.matcher.get_error() or 'no continuation'}")
+        forbidden = torch.from_numpy(allowed == 0).to(logits.device)
+        self.seconds += perf_counter() - began
+        return logits.masked_fill(forbidden, float("-inf"))
+
+    def _walk(self, tree: Tree, forced, visit=None) -> tuple[list[int], dict[int, list[int]]]:
+        """Depth first from the root: each node's token fed from its parent's state (a rejected one ends its
+        subtree), ``visit(row)`` called in its state, then rolled back. The valid nodes in index order, and with
+        ``forced``, the tokens it returns in each state (the root's under ROOT)."""
+        children: dict[int, list[int]] = {}
+        for i, node in enumerate(tree.nodes):
+            children.setdefault(node.parent, []).append(i)
+        valid: list[int] = []
+        found: dict[int, list[int]] = {}
+        if forced is not None:
+            found[ROOT] = forced()
+        stack: list[tuple[int, bool]] = [(i, True) for i in reversed(children.get(ROOT, []))]
+        while stack:
+            node, entering = stack.pop()
+            if not entering:
+                self.matcher.rollback(1)
+                continue
+            if self.matcher.try_consume_tokens([tree.nodes[node].token]) != 1:
+                continue
+            valid.append(node)
+            if visit is not None:
+                visit(node + 1)
+            if forced is not None and not self.matcher.is_stopped():
+                found[node] = forced()
+            stack.append((node, False))
+            stack.extend((child, True) for child in reversed(children.get(node, [])))
+        valid.sort()
+        return valid, found

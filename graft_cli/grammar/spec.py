@@ -1,0 +1,94 @@
+"""A request's grammar and the tokenizer it is compiled against.
+
+The engine is llguidance (docs/structured.md says why): a grammar is its Lark text, made from a JSON schema, the
+JSON grammar or a regular expression, and checked against the target's tokenizer before any forward, so a bad
+schema or pattern is one line of error, never a failure mid-generation."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import llguidance
+import llguidance.hf
+
+from graft_cli.core import GraftError
+
+# JSON as models write it: ", " between items, ": " after keys, no other whitespace (a schema's "x-guidance"
+# overrides it). Free whitespace would let a small model pad an answer without end, and fixed separators are
+# forced tokens: free drafts.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What a request's text must match: ``lark`` is llguidance's grammar text, ``what`` names it in errors."""
+
+    lark: str
+    what: str
+
+
+def json_schema(schema: dict | str) -> Grammar:
+    """Text that is one JSON value valid under ``schema`` (a dict, or its JSON text); ``{}`` allows any JSON."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise GraftError(f"invalid JSON schema: not JSON ({e.msg}, line {e.lineno} column {e.colno})") from None
+    if not isinstance(schema, dict):
+        raise GraftError(f"invalid JSON schema: an object, not {type(schema).__name__}")
+    try:
+        lark = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
+    except (ValueError, TypeError) as e:
+        raise GraftError(f"invalid JSON schema: {_first_line(str(e))}") from None
+    return Grammar(lark, "JSON schema")
+
+
+def any_json() -> Grammar:
+    """Any JSON object (OpenAI's ``json_object``: an object, as its clients expect)."""
+    return json_schema({"type": "object"})
+
+
+def regex(pattern: str) -> Grammar:
+    """Text that matches ``pattern`` whole (Rust regex syntax: no look-around, no backreferences)."""
+    if not isinstance(pattern, str) or not pattern:
+        raise GraftError("a regular expression must be non-empty text")
+    return Grammar(llguidance.LLMatcher.grammar_from_regex(pattern), "regular expression")
+
+
+class GrammarTokenizer:
+    """The target's tokenizer as llguidance reads it, built once per loaded model (about a second for a large
+    vocabulary): ``vocab`` is the model's embedding size (masks cover every id it can produce), and every stop
+    token is an end of text the grammar may allow once it is complete."""
+
+    def __init__(self, tokenizer: Any, vocab: int, stops: Iterable[int]) -> None:
+        stops = sorted(stops)
+        self.vocab, self.stops = vocab, frozenset(stops)
+        try:
+            self.inner = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab, eos_token=stops or None)
+        except ValueError as e:
+            raise GraftError(f"structured output needs a fast tokenizer: {e}") from None
+
+    def check(self, grammar: Grammar) -> None:
+        """A grammar that cannot be compiled is a one-line GraftError (checked before any forward)."""
+        error = llguidance.LLMatcher.validate_grammar(grammar.lark, self.inner)
+        if error:
+            raise GraftError(f"invalid {grammar.what}: {_first_line(error)}")
+
+    def matcher(self, grammar: Grammar) -> llguidance.LLMatcher:
+        """A fresh matcher at the start of the text (errors are raised, not printed)."""
+        matcher = llguidance.LLMatcher(self.inner, grammar.lark, log_level=0)
+        if matcher.is_error():
+            raise GraftError(f"invalid {grammar.what}: {_first_line(matcher.get_error())}")
+        return matcher
+
+
+def _first_line(message: str) -> str:
+    """llguidance's messages carry a caret diagram below their first line: the line is what a user needs."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    first = lines[0] if lines else "unknown error"
+    if first.startswith("at ") and ": " in first:  # "at 1(8): invalid regex ..." -> "invalid regex ..."
+        first = first.split(": ", 1)[1]
+    detail = next((line[len("error: "):] for line in lines if line.startswith("error: ")), "")
+    return f"{first} ({detail})" if detail and detail not in first else first

@@ -1,0 +1,122 @@
+"""Structured output: a grammar's mask at every node along its own path gives plain masked decoding's tokens
+(greedy and seeded) whatever the tree holds, where the mask prunes nodes and where it forces them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from graft_cli.core import ROOT, GraftError, Tree
+from graft_cli.grammar import FORCED, GrammarConstraint, GrammarTokenizer, json_schema, regex
+from graft_cli.runtime.engine import decode
+from graft_cli.runtime.sampling import Sampling
+from graft_cli.runtime.target import Target
+from tests.tiny import OracleTreeProposer, StaticProposer, tiny_smollm2
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer"}, "city": {"enum": ["Paris", "Oslo"]}},
+          "required": ["name", "age", "city"], "additionalProperties": False}
+STOP = 2  # the tiny model's end of text
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tokenizer = tiny_smollm2()
+    return model, tokenizer, GrammarTokenizer(tokenizer, 49152, {STOP})
+
+
+class Empty(StaticProposer):
+    def propose(self, context) -> Tree:
+        return Tree()
+
+
+def run(tiny, grammar, proposer, sampling=Sampling(), seed=0, n=40, drafts=True):
+    model, tokenizer, grammar_tokenizer = tiny
+    constraint = GrammarConstraint(grammar, grammar_tokenizer, drafts)
+    prompt = tokenizer.encode("Extract the person: Ada, 36, from Oslo.")
+    steps = decode(Target(model), proposer, prompt, sampling, n, {STOP}, seed, constraint=constraint)
+    return [t for step in steps for t in step], constraint
+
+
+@torch.inference_mode()
+def masked_reference(tiny, grammar, n=40) -> list[int]:
+    """Plain decoding written out: the whole sequence through the model each step, the grammar's mask, argmax."""
+    model, tokenizer, grammar_tokenizer = tiny
+    matcher = grammar_tokenizer.matcher(grammar)
+    ids = tokenizer.encode("Extract the person: Ada, 36, from Oslo.")
+    out: list[int] = []
+    while len(out) < n:
+        logits = model(torch.tensor([ids + out])).logits[0, -1]
+        bits = torch.frombuffer(bytearray(matcher.compute_bitmask()), dtype=torch.uint8)
+        allowed = ((bits[:, None] >> torch.arange(8)) & 1).flatten()[: logits.shape[0]].bool()
+        token = int(logits.masked_fill(~allowed, float("-inf")).argmax())
+        out.append(token)
+        if token == STOP:
+            break
+        assert matcher.consume_token(token)
+    return out
+
+
+@pytest.mark.parametrize("shape", ["deep", "wide", "random", "mixed"])
+def test_trees_under_a_schema_give_plain_masked_decoding(tiny, shape):
+    grammar = json_schema(PERSON)
+    truth = masked_reference(tiny, grammar)
+    plain, _ = run(tiny, grammar, Empty(), drafts=False)
+    assert plain == truth
+    prompt_len = len(tiny[1].encode("Extract the person: Ada, 36, from Oslo."))
+    graft, constraint = run(tiny, grammar, OracleTreeProposer(truth, prompt_len, 3, shape, 49152))
+    assert graft == truth
+    text = tiny[1].decode([t for t in truth if t != STOP])
+    if truth[-1] == STOP:  # a finished answer is valid JSON of the schema's shape
+        assert set(json.loads(text)) == {"name", "age", "city"}
+        assert constraint.complete
+
+
+def test_sampled_text_is_the_same_for_a_seed_with_any_tree(tiny):
+    grammar = regex(r"(yes|no), because [a-z ]{3,30}\.")
+    sampling = Sampling(temperature=0.9, top_k=50)
+    plain, _ = run(tiny, grammar, Empty(), sampling, seed=7, drafts=False)
+    prompt_len = len(tiny[1].encode("Extract the person: Ada, 36, from Oslo."))
+    for shape in ("wide", "random"):
+        graft, _ = run(tiny, grammar, OracleTreeProposer(plain, prompt_len, 5, shape, 49152), sampling, seed=7)
+        assert graft == plain
+
+
+def test_the_mask_prunes_rejected_nodes_and_their_subtrees(tiny):
+    _, tokenizer, grammar_tokenizer = tiny
+    constraint = GrammarConstraint(regex(r"[0-9]{4}"), grammar_tokenizer, drafts=False)
+    tree = Tree()
+    digit = tree.add(ROOT, tokenizer.convert_tokens_to_ids("1"), "d", 0.9)
+    tree.add(digit, tokenizer.convert_tokens_to_ids("9"), "d", 0.8)
+    letter = tree.add(ROOT, tokenizer.convert_tokens_to_ids("a"), "d", 0.7)
+    tree.add(letter, tokenizer.convert_tokens_to_ids("1"), "d", 0.6)
+    shaped = constraint.shape(tree)
+    assert tokenizer.decode(shaped.tokens()) == "19"
+    masked = constraint.masked(shaped, torch.zeros(3, 49152))
+    allowed = [tokenizer.decode(torch.nonzero(row > float("-inf")).flatten()[:3]) for row in masked]
+    assert all(text and text.isdigit() for text in allowed[:2])
+
+
+def test_forced_tokens_extend_the_root_and_the_drafted_paths(tiny):
+    _, tokenizer, grammar_tokenizer = tiny
+    constraint = GrammarConstraint(json_schema(PERSON), grammar_tokenizer)
+    shaped = constraint.shape(Tree())
+    assert tokenizer.decode(shaped.tokens()).startswith('{"name":')
+    assert {node.source for node in shaped.nodes} == {FORCED}
+    constraint.advance(shaped.tokens() + tokenizer.encode(' "Ada"'))
+    drafted = Tree()
+    drafted.add_path(tokenizer.encode(", "), [0.5] * len(tokenizer.encode(", ")), "draft")
+    extended = constraint.shape(drafted)
+    paths = [tokenizer.decode([extended.nodes[i].token for i in path]) for path in extended.paths()]
+    assert ', "age":' in paths  # under the root, and after the drafted ", " too
+    assert sum(path.startswith(', "age":') for path in paths) == 2
+
+
+@pytest.mark.parametrize("make, bad", [(json_schema, '{"type": "objec"}'), (json_schema, "{not json"),
+                                       (regex, "[a-")])
+def test_a_bad_schema_or_pattern_is_one_line(tiny, make, bad):
+    with pytest.raises(GraftError) as error:
+        tiny[2].check(make(bad))
+    assert "\n" not in str(error.value) and str(error.value).startswith("invalid")

@@ -116,7 +116,7 @@ def test_forced_tokens_extend_the_root_and_the_drafted_paths(tiny):
 
 @pytest.mark.parametrize("make, bad", [(json_schema, '{"type": "objec"}'), (json_schema, "{not json"),
                                        (regex, "[a-")])
-def test_a_bad_schema_or_pattern_is_one_line(tiny, make, bad):
+def test_a_bad_schema_or_pattern_is_one_line(make, bad):
     with pytest.raises(GraftError) as error:
-        tiny[2].check(make(bad))
+        make(bad)  # before any model loads
     assert "\n" not in str(error.value) and str(error.value).startswith("invalid")

@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from graft_cli.api.capture_check import first_use
+from graft_cli.api.structured import Grammars
 from graft_cli.api.text import Prompt, TextPieces, chat_prompt
 from graft_cli.core import GraftError, Options, Stats
+from graft_cli.grammar import Grammar
 from graft_cli.method import builder as methods
 from graft_cli.method.config import MethodConfig, tree_budget
 from graft_cli.runtime import decode
@@ -49,6 +51,7 @@ class Request:
     max_new_tokens: int
     seed: int
     stop: tuple[str, ...] = ()
+    grammar: Grammar | None = None  # what the text must match (a JSON schema, a regular expression)
 
 
 class Generator:
@@ -68,12 +71,16 @@ class Generator:
         self.reach = tree_budget(config, loaded.device)  # the tree room a request must leave below the model's limits
         self._busy = threading.Lock()
         self._closed = False
+        self.grammars = Grammars(loaded.tokenizer, self.target.vocab_size, self.stop_ids, config.method != "ar")
 
     def request(self, prompt: Prompt | None = None, *, messages: list[dict] | None = None, system: str | None = None,
                 max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                 seed: int | None = None, stop: Sequence[str] = (), raw: bool = False,
-                truncate: str | None = None) -> Request:
-        """A request checked and encoded, without generating: a bad one is a GraftError before any forward."""
+                truncate: str | None = None, json_schema: dict | str | None = None, regex: str | None = None,
+                grammar: Grammar | None = None) -> Request:
+        """A request checked and encoded, without generating: a bad one is a GraftError before any forward.
+        ``json_schema`` (``{}``: any JSON), ``regex`` or a prebuilt ``grammar``: the text must match it whole; an
+        answer cut by ``max_new_tokens`` before it does ends with ``finish_reason`` "length"."""
         if max_new_tokens < 1:
             raise GraftError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         try:
@@ -83,9 +90,11 @@ class Generator:
         stops = tuple(stop)
         if any(not isinstance(s, str) or not s for s in stops):
             raise GraftError("a stop string must be non-empty text")
+        grammar = self.grammars.checked(json_schema, regex, grammar)
         ids = encode(self.loaded.tokenizer, chat_prompt(prompt, messages, system, raw), raw)
         ids = self.loaded.limits.fit(ids, max_new_tokens, self.reach, parse_truncate(truncate))
-        return Request(ids, sampling, max_new_tokens, random.randrange(2**31) if seed is None else seed, stops)
+        return Request(ids, sampling, max_new_tokens, random.randrange(2**31) if seed is None else seed, stops,
+                       grammar)
 
     def generate(self, prompt: Prompt | None = None, **settings: Any) -> Completion:
         """The whole completion at once (settings: those of :meth:`request`)."""
@@ -145,8 +154,9 @@ def _pieces(generator: Generator, request: Request, should_stop: Callable[[], bo
     """The generation itself: the decoding loop's steps turned into text pieces, stopped by an end-of-text token,
     a stop string, ``max_new_tokens`` or ``should_stop``."""
     stats, text, ids = Stats(), TextPieces(generator.loaded.tokenizer, generator.stop_ids, request.stop), []
+    constraint = generator.grammars.constraint(request.grammar)
     steps = decode(generator.target, generator.proposer, request.prompt_ids, request.sampling,
-                   request.max_new_tokens, generator.stop_ids, request.seed, stats)
+                   request.max_new_tokens, generator.stop_ids, request.seed, stats, constraint)
     cancelled = False
     try:
         for new in steps:
@@ -162,6 +172,8 @@ def _pieces(generator: Generator, request: Request, should_stop: Callable[[], bo
             yield Piece(rest, [])
         ended = text.stopped or bool(ids and ids[-1] in generator.stop_ids)
         reason = "stop" if ended else "cancelled" if cancelled else "length"
+        if constraint is not None:
+            stats.times["grammar"] += constraint.seconds  # host time on masks, checks and forced tokens
         stream.completion = Completion(text.text, ids, len(request.prompt_ids), reason, stats, request.seed)
     finally:
         steps.close()

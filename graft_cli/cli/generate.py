@@ -56,6 +56,8 @@ def generate(
     top_k: int = typer.Option(0, "--top-k", min=0, rich_help_panel=SAMPLING, help="Sample from the K most likely tokens only (0 = all)."),
     seed: Optional[int] = typer.Option(None, "--seed", rich_help_panel=SAMPLING, help="Same seed, same text, with every method (default: a random seed)."),
     stop: List[str] = typer.Option([], "--stop", rich_help_panel=OUTPUT, help="End the answer before this text (repeatable; backslash escapes as \\n, \\t, \\xHH are read)."),
+    json_schema: Optional[str] = typer.Option(None, "--json-schema", rich_help_panel=OUTPUT, help="The answer is JSON valid under the schema in FILE ('-' = stdin; '{}' in it: any JSON)."),
+    regex: Optional[str] = typer.Option(None, "--regex", rich_help_panel=OUTPUT, help="The answer matches this regular expression whole."),
     device: Device = "auto",
     dtype: Dtype = "auto",
     device_map: DeviceMap = None,
@@ -71,6 +73,7 @@ def generate(
     from graft_cli.cli.prefill_bar import PrefillBar
     from graft_cli.cli.escapes import unescape
 
+    grammar = _grammar(json_schema, regex, prompt_file)  # a bad schema or pattern fails before the model loads
     given = [x for x in (text, prompt, prompt_file) if x is not None]
     if len(given) > 1:
         raise GraftError("give the prompt once: as an argument, --prompt or --prompt-file")
@@ -87,7 +90,7 @@ def generate(
         config = with_response_cache(config)
     settings = dict(system=system, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                     seed=seed if seed is not None else random.randrange(2**31), stop=[unescape(s) for s in stop], raw=raw,
-                    truncate=truncate)  # one seed for the whole run: a batch's lines sample as they would alone
+                    truncate=truncate, grammar=grammar)  # one seed for the whole run: a batch's lines sample as they would alone
     generator = open_generator(model, config, device, dtype, device_map, prefill_chunk, PrefillBar(), graphs,
                                threads=threads)
     try:
@@ -112,6 +115,23 @@ def _run_one(generator: Generator, text: str, settings: dict, stats: bool) -> No
     sys.stdout.flush()
     if stats:
         print(f"graft: {stream.completion.stats.summary()}", file=sys.stderr)
+    if settings["grammar"] is not None and stream.completion.finish_reason == "length":
+        print(f"graft: the answer was cut by --max-new-tokens before it matched the {settings['grammar'].what}: "
+              "it is incomplete", file=sys.stderr)
+        raise typer.Exit(1)
+
+
+def _grammar(json_schema: str | None, regex: str | None, prompt_file: str | None):
+    """The grammar of ``--json-schema FILE`` or ``--regex``, checked (None: free text)."""
+    from graft_cli.grammar import json_schema as schema_grammar, regex as regex_grammar
+
+    if json_schema is not None and regex is not None:
+        raise GraftError("give --json-schema or --regex, not both")
+    if json_schema == "-" and prompt_file == "-":
+        raise GraftError("stdin can hold the prompt or the schema, not both")
+    if json_schema is not None:
+        return schema_grammar(_read_text(json_schema, "schema file"))
+    return None if regex is None else regex_grammar(regex)
 
 
 def _silence_stdout() -> None:
@@ -138,7 +158,8 @@ def _run_jsonl(generator: Generator, lines: list[str], settings: dict, stats: bo
             print(json.dumps({"id": rid, "line": number, "error": str(e)}, ensure_ascii=False), flush=True)
             print(f"graft: error: line {number}: {e}", file=sys.stderr)
             continue
-        out = {"id": record.get("id"), "text": completion.text, "stats": completion.stats.as_dict()}
+        out = {"id": record.get("id"), "text": completion.text, "finish_reason": completion.finish_reason,
+               "stats": completion.stats.as_dict()}
         print(json.dumps(out, ensure_ascii=False), flush=True)
         if stats:
             print(f"graft: {record.get('id')}: {completion.stats.summary()}", file=sys.stderr)
@@ -146,11 +167,11 @@ def _run_jsonl(generator: Generator, lines: list[str], settings: dict, stats: bo
         raise GraftError(f"{failed} of the input lines failed (their error records are on stdout)")
 
 
-def _read_text(source: str) -> str:
+def _read_text(source: str, what: str = "prompt file") -> str:
     try:
         data = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
     except FileNotFoundError:
-        raise GraftError(f"prompt file not found: {source}") from None
+        raise GraftError(f"{what} not found: {source}") from None
     except OSError as e:
         raise GraftError(f"cannot read {source}: {e.strerror}") from None
     try:

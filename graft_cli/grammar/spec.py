@@ -28,6 +28,11 @@ class Grammar:
     lark: str
     what: str
 
+    def __post_init__(self) -> None:  # checked when made, before a model loads (the tokenizer's check is later)
+        error = llguidance.LLMatcher.validate_grammar(self.lark, None)
+        if error:
+            raise GraftError(f"invalid {self.what}: {_first_line(error)}")
+
 
 def json_schema(schema: dict | str) -> Grammar:
     """Text that is one JSON value valid under ``schema`` (a dict, or its JSON text); ``{}`` allows any JSON."""

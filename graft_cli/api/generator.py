@@ -77,10 +77,11 @@ class Generator:
                 max_new_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                 seed: int | None = None, stop: Sequence[str] = (), raw: bool = False,
                 truncate: str | None = None, json_schema: dict | str | None = None, regex: str | None = None,
-                grammar: Grammar | None = None) -> Request:
+                grammar: Grammar | None = None, tools: list[dict] | None = None) -> Request:
         """A request checked and encoded, without generating: a bad one is a GraftError before any forward.
         ``json_schema`` (``{}``: any JSON), ``regex`` or a prebuilt ``grammar``: the text must match it whole; an
-        answer cut by ``max_new_tokens`` before it does ends with ``finish_reason`` "length"."""
+        answer cut by ``max_new_tokens`` before it does ends with ``finish_reason`` "length". ``tools``: OpenAI
+        function tools, rendered by the chat template (one that knows none is a GraftError)."""
         if max_new_tokens < 1:
             raise GraftError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         try:
@@ -91,7 +92,7 @@ class Generator:
         if any(not isinstance(s, str) or not s for s in stops):
             raise GraftError("a stop string must be non-empty text")
         grammar = self.grammars.checked(json_schema, regex, grammar)
-        ids = encode(self.loaded.tokenizer, chat_prompt(prompt, messages, system, raw), raw)
+        ids = encode(self.loaded.tokenizer, chat_prompt(prompt, messages, system, raw), raw, tools)
         ids = self.loaded.limits.fit(ids, max_new_tokens, self.reach, parse_truncate(truncate))
         return Request(ids, sampling, max_new_tokens, random.randrange(2**31) if seed is None else seed, stops,
                        grammar)

@@ -61,7 +61,8 @@ def chat_prompt(prompt: Prompt | None, messages: list[dict] | None, system: str 
         if not isinstance(messages, list) or not messages:
             raise GraftError("messages must be a non-empty list")
         for i, m in enumerate(messages):
-            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str)
+                    and (isinstance(m.get("content"), str) or m.get("tool_calls"))):  # a call: no text needed
                 raise GraftError(f'messages[{i}] must be an object with "role" and "content" texts')
         return ([{"role": "system", "content": system}] if system is not None else []) + messages
     if not isinstance(prompt, str):

@@ -97,3 +97,11 @@ def _first_line(message: str) -> str:
         first = first.split(": ", 1)[1]
     detail = next((line[len("error: "):] for line in lines if line.startswith("error: ")), "")
     return f"{first} ({detail})" if detail and detail not in first else first
+
+
+def tagged_json(schema: dict, before: str, after: str, what: str) -> Grammar:
+    """One JSON value valid under ``schema`` between ``before`` and ``after``, Lark expressions (a special token
+    as ``<tool_call>``, text quoted): a tool call in the tags a chat template asks for, with the JSON laid out as
+    :func:`json_schema`'s."""
+    laid_out = {**schema, "x-guidance": {**JSON_LAYOUT, **schema.get("x-guidance", {})}}
+    return Grammar(f"start: {before} value {after}\nvalue: %json {json.dumps(laid_out)}", what)

@@ -154,8 +154,9 @@ def stop_ids(loaded: Loaded) -> set[int]:
     return ids
 
 
-def encode(tokenizer: Any, prompt: str | list[dict], raw: bool = False) -> list[int]:
-    """Prompt text or chat messages to token ids, through the chat template unless ``raw``."""
+def encode(tokenizer: Any, prompt: str | list[dict], raw: bool = False, tools: list[dict] | None = None) -> list[int]:
+    """Prompt text or chat messages to token ids, through the chat template unless ``raw``; ``tools`` (OpenAI
+    function tools) rendered by the template, which must know them."""
     if isinstance(prompt, str):
         if not prompt.strip():
             raise GraftError("the prompt is empty")
@@ -167,8 +168,12 @@ def encode(tokenizer: Any, prompt: str | list[dict], raw: bool = False) -> list[
     if raw or not getattr(tokenizer, "chat_template", None):
         text = prompt if isinstance(prompt, str) else "\n".join(m.get("content", "") for m in messages)
         return tokenizer.encode(text, add_special_tokens=True)
+    if tools and (raw or "tools" not in (getattr(tokenizer, "chat_template", None) or "")):
+        raise GraftError("this model's chat template knows no tools: serve a model whose template renders them "
+                         "(qwen2.5-coder-0.5b-instruct does)")
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             **({"tools": tools} if tools else {}))
     except Exception as e:
         raise GraftError(f"cannot apply the chat template: {_first_line(e)}") from e
     return tokenizer.encode(text, add_special_tokens=False)

@@ -23,7 +23,8 @@ from starlette.routing import Route
 
 from graft_cli.api import Generator
 from graft_cli.core import GraftError
-from graft_cli.server.protocol import CHAT, TEXT, ApiError, Call, chunk, new_id, parse, response
+from graft_cli.server.protocol import CHAT, TEXT, ApiError, Call, chunk, new_id, parse, response, tool_calls
+from graft_cli.server.tools import HeldText, call_deltas
 from graft_cli.server.worker import Done, Failed, Full, Job, Worker
 
 POLL_S = 0.1  # how often a waiting non-streamed request looks for its client
@@ -38,6 +39,7 @@ class Service:
         self.api_key, self.truncate = api_key, truncate
         self.worker = Worker(generator, max_queue)
         self.started = int(time.time())
+        self.tagged = "<tool_call>" in (generator.loaded.tokenizer.chat_template or "")  # Hermes tool calls
 
     def authorised(self, request: Request) -> bool:
         return self.api_key is None or request.headers.get("authorization") == f"Bearer {self.api_key}"
@@ -82,7 +84,7 @@ async def complete(service: Service, request: Request, kind: str) -> Response:
         if not service.authorised(request):
             raise ApiError(401, "a valid API key is required (Authorization: Bearer KEY)",
                            kind="authentication_error", code="invalid_api_key")
-        call = parse(await _body(request), kind, service.name, service.max_tokens)
+        call = parse(await _body(request), kind, service.name, service.max_tokens, service.tagged)
         try:
             checked = service.generator.request(call.prompt, messages=call.messages, truncate=service.truncate,
                                                 raw=kind == TEXT, **call.settings)  # a text completion: no template
@@ -129,20 +131,26 @@ async def _whole(call: Call, rid: str, job: Job, request: Request) -> Response:
 async def _events(call: Call, rid: str, job: Job) -> AsyncIterator[str]:
     """Server-sent events in OpenAI's chunk format, ending with ``[DONE]``. Starlette cancels this generator when
     the client disconnects; ``finally`` then stops the generation at its next step."""
+    held = HeldText(call.tools)  # an answer that may be a tool call is sent as one, never as text
     try:
         yield _sse(chunk(call, rid, "", first=True))
         while True:
             event = await job.events.get()
             if isinstance(event, Done):
                 done = event.completion
-                reason = "stop" if done.finish_reason == "stop" else "length"
+                calls = tool_calls(call, done)
+                for delta in call_deltas(calls):
+                    yield _sse(chunk(call, rid, None, calls=delta))
+                if not calls and (rest := held.release()):
+                    yield _sse(chunk(call, rid, rest))
+                reason = "tool_calls" if calls else "stop" if done.finish_reason == "stop" else "length"
                 yield _sse(chunk(call, rid, None, finish=reason, completion=done))
                 break
             if isinstance(event, Failed):
                 yield _sse(ApiError(500, event.message, kind="server_error").body())
                 break
-            if event.text:
-                yield _sse(chunk(call, rid, event.text))
+            if event.text and (text := held.feed(event.text)):
+                yield _sse(chunk(call, rid, text))
         yield "data: [DONE]\n\n"
     finally:
         job.cancelled.set()

@@ -1,7 +1,7 @@
 """The OpenAI API as graft serves it: request bodies checked and turned into generation settings, and the response
 objects and stream chunks built from what a generation returned.
 
-What graft cannot honour is refused with a 400 that names the parameter (``n`` above 1, ``logprobs``, tools, ...),
+What graft cannot honour is refused with a 400 that names the parameter (``n`` above 1, ``logprobs``, ...),
 never silently dropped; an unknown field that changes nothing is ignored, as OpenAI's own servers do.
 """
 
@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from graft_cli.api import Completion
+from graft_cli.server.tools import Refused, Tools, parse_calls, structure, template_message
 
 CHAT, TEXT = "chat.completion", "text_completion"
 # parameters graft cannot honour, and the values that mean "not asked for"
 UNSUPPORTED = {
-    "logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, []), "tool_choice": (None, "none"),
-    "functions": (None, []), "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
+    "logprobs": (None, False), "top_logprobs": (None, 0),
+    "functions": (None, []), "function_call": (None, "none"),
     "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""), "logit_bias": (None, {}),
     "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "audio": (None,),
     "modalities": (None, ["text"]), "prediction": (None,),
@@ -48,11 +49,13 @@ class Call:
     settings: dict  # Generator.request's keyword arguments
     stream: bool
     usage_in_stream: bool  # stream_options.include_usage
+    tools: Tools | None = None  # the tools an answer may call (parsed into tool_calls)
 
 
-def parse(body: Any, kind: str, model: str, max_tokens: int) -> Call:
+def parse(body: Any, kind: str, model: str, max_tokens: int, tagged: bool = True) -> Call:
     """A request body to a :class:`Call`; an ApiError (400) for anything malformed or unsupported. ``model``: the
-    name the server answers to; ``max_tokens``: the default when the body gives none."""
+    name the server answers to; ``max_tokens``: the default when the body gives none; ``tagged``: the model's
+    chat template writes tool calls in Hermes' tags."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     for name, absent in UNSUPPORTED.items():
@@ -73,7 +76,15 @@ def parse(body: Any, kind: str, model: str, max_tokens: int) -> Call:
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object", "stream_options")
-    return Call(kind, model, prompt, messages, _settings(body, max_tokens), stream, bool(options.get("include_usage")))
+    try:
+        tools, grammar = structure(body, tagged)
+    except Refused as e:
+        raise ApiError(400, e.message, e.param) from None
+    if tools is not None and kind != CHAT:
+        raise ApiError(400, "'tools' need /v1/chat/completions (a chat template renders them)", "tools")
+    settings = {**_settings(body, max_tokens), "grammar": grammar,
+                **({"tools": tools.rendered()} if tools is not None else {})}
+    return Call(kind, model, prompt, messages, settings, stream, bool(options.get("include_usage")), tools)
 
 
 def _input(body: dict, kind: str) -> tuple[str | None, list[dict] | None]:
@@ -91,17 +102,22 @@ def _input(body: dict, kind: str) -> tuple[str | None, list[dict] | None]:
 
 
 def _message(m: Any, i: int) -> dict:
-    """A chat message with text content (a list of text parts is joined; other parts are refused)."""
+    """A chat message with text content (a list of text parts is joined; other parts are refused); an assistant's
+    tool calls (then its content may be null) and a tool's answer go to the template as they came."""
     if not isinstance(m, dict) or not isinstance(m.get("role"), str):
         raise ApiError(400, f"messages[{i}] must be an object with a 'role'", f"messages[{i}]")
     content = m.get("content")
+    if content is None and m.get("tool_calls"):
+        if not isinstance(m["tool_calls"], list):
+            raise ApiError(400, f"messages[{i}].tool_calls must be an array", f"messages[{i}].tool_calls")
+        return template_message({**m, "content": ""})
     if isinstance(content, list):
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
             raise ApiError(400, f"messages[{i}]: only text content is supported", f"messages[{i}].content")
         content = "".join(p["text"] for p in content)
     if not isinstance(content, str):
         raise ApiError(400, f"messages[{i}].content must be text", f"messages[{i}].content")
-    return {"role": m["role"], "content": content}
+    return template_message({**m, "content": content})
 
 
 def _settings(body: dict, default_tokens: int) -> dict:
@@ -159,25 +175,36 @@ def graft_figures(completion: Completion) -> dict:
 
 
 def response(call: Call, rid: str, completion: Completion) -> dict:
-    """The whole answer of a request that did not stream."""
+    """The whole answer of a request that did not stream (an answer that calls tools: its ``tool_calls``)."""
     reason = "stop" if completion.finish_reason == "stop" else "length"
+    calls = tool_calls(call, completion)
     if call.kind == CHAT:
-        choice = {"index": 0, "message": {"role": "assistant", "content": completion.text}, "logprobs": None,
-                  "finish_reason": reason}
+        message = {"role": "assistant", "content": None, "tool_calls": calls} if calls else \
+            {"role": "assistant", "content": completion.text}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "tool_calls" if calls else reason}
     else:
         choice = {"index": 0, "text": completion.text, "logprobs": None, "finish_reason": reason}
     return {"id": rid, "object": call.kind, "created": int(time.time()), "model": call.model, "choices": [choice],
             "usage": usage(completion), "graft": graft_figures(completion)}
 
 
+def tool_calls(call: Call, completion: Completion) -> list[dict]:
+    """The tool calls of a finished answer to a request with tools (an answer cut by the limit calls none)."""
+    if call.tools is None or completion.finish_reason != "stop":
+        return []
+    return parse_calls(completion.text)
+
+
 def chunk(call: Call, rid: str, text: str | None, finish: str | None = None, first: bool = False,
-          completion: Completion | None = None) -> dict:
-    """One server-sent event of a stream: a piece of text, or (with ``completion``) the last one, with the finish
-    reason, graft's figures, and the usage when the client asked for it."""
+          completion: Completion | None = None, calls: list[dict] | None = None) -> dict:
+    """One server-sent event of a stream: a piece of text or of tool calls (OpenAI's ``delta.tool_calls``), or
+    (with ``completion``) the last one, with the finish reason, graft's figures, and the usage when asked for."""
     if call.kind == CHAT:
         delta: dict = {"role": "assistant"} if first else {}
         if text:
             delta["content"] = text
+        if calls:
+            delta["tool_calls"] = calls
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         kind = "chat.completion.chunk"
     else:

@@ -120,3 +120,20 @@ def test_a_bad_schema_or_pattern_is_one_line(make, bad):
     with pytest.raises(GraftError) as error:
         make(bad)  # before any model loads
     assert "\n" not in str(error.value) and str(error.value).startswith("invalid")
+
+
+@pytest.mark.real_model
+def test_smollm2_answers_the_schema_with_every_method_alike():
+    """The default model, end to end through the API: graft's constrained answer is ar's, and valid JSON."""
+    from graft_cli.api import load
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    prompt = "Extract the person as JSON: Maria Lopez is a 34-year-old nurse from Madrid."
+    answers = {}
+    for method in ("ar", "graft"):
+        with load("smollm2-135m-instruct", method=method, device="cpu", dtype="float32") as generator:
+            answers[method] = generator.generate(prompt, json_schema=schema, max_new_tokens=40)
+    assert answers["graft"].token_ids == answers["ar"].token_ids
+    assert answers["graft"].finish_reason == "stop" and set(json.loads(answers["graft"].text)) == {"name", "age"}
+    assert answers["graft"].stats.accepted["forced"] > 0

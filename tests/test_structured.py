@@ -103,15 +103,14 @@ def test_forced_tokens_extend_the_root_and_the_drafted_paths(tiny):
     _, tokenizer, grammar_tokenizer = tiny
     constraint = GrammarConstraint(json_schema(PERSON), grammar_tokenizer)
     shaped = constraint.shape(Tree())
-    assert tokenizer.decode(shaped.tokens()).startswith('{"name":')
+    assert tokenizer.decode(shaped.tokens()) == '{"name": "'  # the whole forced string, its last token too
     assert {node.source for node in shaped.nodes} == {FORCED}
-    constraint.advance(shaped.tokens() + tokenizer.encode(' "Ada"'))
+    constraint.advance(tokenizer.encode('{"name": "Ada"'))
     drafted = Tree()
     drafted.add_path(tokenizer.encode(", "), [0.5] * len(tokenizer.encode(", ")), "draft")
     extended = constraint.shape(drafted)
     paths = [tokenizer.decode([extended.nodes[i].token for i in path]) for path in extended.paths()]
-    assert ', "age":' in paths  # under the root, and after the drafted ", " too
-    assert sum(path.startswith(', "age":') for path in paths) == 2
+    assert sum(path.startswith(', "age":') for path in paths) == 2  # under the root, and after the drafted ", "
 
 
 @pytest.mark.parametrize("make, bad", [(json_schema, '{"type": "objec"}'), (json_schema, "{not json"),

@@ -28,7 +28,7 @@ class GrammarConstraint:
 
     def __init__(self, grammar: Grammar, tokenizer: GrammarTokenizer, drafts: bool = True) -> None:
         self.matcher = tokenizer.matcher(grammar)
-        self.vocab, self.stops, self.drafts = tokenizer.vocab, tokenizer.stops, drafts
+        self.tokenizer, self.vocab, self.stops, self.drafts = tokenizer, tokenizer.vocab, tokenizer.stops, drafts
         self.words = len(self.matcher.compute_bitmask()) // 4  # a row's 32-bit words (the engine's own count)
         self.seconds = 0.0
         self.fed = 0  # tokens fed to the matcher: the text so far, stop tokens excepted
@@ -50,7 +50,7 @@ class GrammarConstraint:
 
     def shape(self, tree: Tree) -> Tree:
         began = perf_counter()
-        valid, forced = self._walk(tree, lambda: self.matcher.compute_ff_tokens() if self.drafts else [])
+        valid, forced = self._walk(tree, lambda: self.tokenizer.forced(self.matcher) if self.drafts else [])
         shaped = tree if len(valid) == len(tree) else tree.subtree(valid)
         room = FORCED_NODES
         for node in [ROOT, *shaped.ranked()]:  # the root, then the best nodes first

@@ -69,11 +69,22 @@ class GrammarTokenizer:
 
     def __init__(self, tokenizer: Any, vocab: int, stops: Iterable[int]) -> None:
         stops = sorted(stops)
-        self.vocab, self.stops = vocab, frozenset(stops)
+        self.vocab, self.stops, self.text = vocab, frozenset(stops), tokenizer
         try:
             self.inner = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab, eos_token=stops or None)
         except ValueError as e:
             raise GraftError(f"structured output needs a fast tokenizer: {e}") from None
+
+    def forced(self, matcher: llguidance.LLMatcher) -> list[int]:
+        """The tokens a state forces, as a whole string: llguidance's forced tokens stop where the next token is
+        ambiguous (``": "`` may end in ``" "`` or ``' "'``); the forced bytes, tokenized as the model's tokenizer
+        would, go on to their end. A draft, so a wrong last token costs a row, never a token."""
+        tokens = matcher.compute_ff_tokens()
+        try:
+            whole = self.text.encode(matcher.compute_ff_bytes().decode("utf-8"), add_special_tokens=False)
+        except UnicodeDecodeError:  # forced bytes that end inside a character: the tokens alone
+            return tokens
+        return whole if len(whole) > len(tokens) and whole[: len(tokens)] == tokens else tokens
 
     def check(self, grammar: Grammar) -> None:
         """A grammar that cannot be compiled is a one-line GraftError (checked before any forward)."""

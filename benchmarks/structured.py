@@ -117,13 +117,15 @@ def main() -> None:
     tagged = None if "tools" not in template else "<tool_call>" in template
     run(generators, tasks[0], 0, tagged, 16)  # warm-up: first calls, the grammar tokenizer built
     results = []
+    args.out.mkdir(parents=True, exist_ok=True)
     for turn, task in enumerate(tasks):
         results.append(run(generators, task, turn, tagged, args.max_new_tokens))
+        with open(args.out / "tasks.jsonl", "a") as log:  # a run cut short still has its tasks
+            log.write(json.dumps({"id": task["id"], **results[-1]}) + "\n")
         print(task["id"], {k: (v["new_tokens"], round(v["wall_s"], 2), v["valid"]) for k, v in results[-1].items()},
               flush=True)
     same = sum(r["ar constrained"]["tokens"] == r["graft constrained"]["tokens"] for r in results)
     rows = summary(results)
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "structured.json").write_text(json.dumps({"model": args.model, "draft": args.draft, "rows": rows,
                                                           "same_tokens": same, "tasks": results}, indent=1))
     report = table(rows, same, len(results))

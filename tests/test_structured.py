@@ -13,6 +13,7 @@ from graft_cli.grammar import FORCED, GrammarConstraint, GrammarTokenizer, json_
 from graft_cli.runtime.engine import decode
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
+from tests.bench_fixtures import run_cli, tiny_dir  # noqa: F401 - tiny_dir: the fixture
 from tests.tiny import OracleTreeProposer, StaticProposer, tiny_smollm2
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -119,6 +120,21 @@ def test_a_bad_schema_or_pattern_is_one_line(make, bad):
     with pytest.raises(GraftError) as error:
         make(bad)  # before any model loads
     assert "\n" not in str(error.value) and str(error.value).startswith("invalid")
+
+
+def test_the_command_line_answers_a_schema_or_says_it_is_cut(tiny_dir, tmp_path, capsys):
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps(PERSON))
+    base = ["generate", "Ada, 36, Oslo", "--model", str(tiny_dir), "--device", "cpu", "--json-schema", str(schema)]
+    code, out, _ = run_cli([*base, "-n", "200"], capsys)
+    assert code == 0 and set(json.loads(out)) == {"name", "age", "city"}
+    code, out, err = run_cli([*base, "-n", "3"], capsys)
+    assert code == 1 and "incomplete" in err and out.startswith("{")
+    code, _, err = run_cli(["generate", "x", "--model", str(tiny_dir), "--regex", "[a-"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "invalid regular expression" in err
+    (tmp_path / "bad.json").write_text('{"type": "objec"}')
+    code, _, err = run_cli(["generate", "x", "--json-schema", str(tmp_path / "bad.json")], capsys)
+    assert code == 2 and err.count("\n") == 1 and "invalid JSON schema" in err
 
 
 @pytest.mark.real_model

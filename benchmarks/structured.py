@@ -99,6 +99,32 @@ def table(rows: list[dict], same: int, total: int) -> str:
     return "\n".join(lines)
 
 
+def mask_cost(loaded) -> str:
+    """One row's mask, timed alone: every extraction task's answer of placeholder values fed token by token, the
+    mask computed before each (the first rows of a grammar build its lexer's states, hence the mean)."""
+    from time import perf_counter
+
+    from graft_cli.grammar import GrammarTokenizer, json_schema
+
+    grammars = GrammarTokenizer(loaded.tokenizer, loaded.model.get_input_embeddings().num_embeddings, set())
+    placeholder = {"integer": 1, "number": 1.5, "boolean": True, "array": ["a", "b"], "string": "some text"}
+    times = []
+    for task in (json.loads(line) for line in TASKS.read_text().splitlines()):
+        if task["kind"] != "extraction":
+            continue
+        matcher = grammars.matcher(json_schema(task["schema"]))
+        answer = {key: spec["enum"][0] if "enum" in spec else placeholder[spec["type"]]
+                  for key, spec in task["schema"]["properties"].items()}
+        for token in loaded.tokenizer.encode(json.dumps(answer, separators=(", ", ": ")), add_special_tokens=False):
+            began = perf_counter()
+            matcher.compute_bitmask()
+            times.append(perf_counter() - began)
+            matcher.consume_token(token)
+    times.sort()
+    return (f"mask per row over {len(times)} rows: median {1e6 * times[len(times) // 2]:.1f} us, "
+            f"p90 {1e6 * times[int(0.9 * len(times))]:.1f} us, mean {1e6 * sum(times) / len(times):.1f} us")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -106,12 +132,18 @@ def main() -> None:
     parser.add_argument("--draft", default=None, help="graft's draft model (the Qwen pair: qwen2.5-coder-0.5b-instruct)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--limit", type=int, default=0, help="the first N tasks only (0: all)")
+    parser.add_argument("--mask-cost", action="store_true", help="time one row's mask alone, and stop")
+    parser.add_argument("--limit", type=int, default=0, help="N tasks only, half of each kind (0: all)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tasks = [json.loads(line) for line in TASKS.read_text().splitlines() if line.strip()]
-    tasks = tasks[: args.limit] if args.limit else tasks
+    if args.limit:
+        kinds = [[t for t in tasks if t["kind"] == kind] for kind in ("extraction", "tool_call")]
+        tasks = kinds[0][: args.limit // 2] + kinds[1][: args.limit - args.limit // 2]
     loaded = load_model(args.model)
+    if args.mask_cost:
+        print(mask_cost(loaded))
+        return
     generators = {"ar": Generator(loaded, configure("ar")), "graft": Generator(loaded, configure("graft", draft=args.draft))}
     template = loaded.tokenizer.chat_template or ""
     tagged = None if "tools" not in template else "<tool_call>" in template

@@ -33,11 +33,11 @@ class Empty(StaticProposer):
         return Tree()
 
 
-def run(tiny, grammar, proposer, sampling=Sampling(), seed=0, n=40, drafts=True):
+def run(tiny, grammar, proposer, sampling=Sampling(), seed=0, n=40, drafts=True, target=Target):
     model, tokenizer, grammar_tokenizer = tiny
     constraint = GrammarConstraint(grammar, grammar_tokenizer, drafts)
     prompt = tokenizer.encode("Extract the person: Ada, 36, from Oslo.")
-    steps = decode(Target(model), proposer, prompt, sampling, n, {STOP}, seed, constraint=constraint)
+    steps = decode(target(model), proposer, prompt, sampling, n, {STOP}, seed, constraint=constraint)
     return [t for step in steps for t in step], constraint
 
 
@@ -83,6 +83,17 @@ def test_sampled_text_is_the_same_for_a_seed_with_any_tree(tiny):
     for shape in ("wide", "random"):
         graft, _ = run(tiny, grammar, OracleTreeProposer(plain, prompt_len, 5, shape, 49152), sampling, seed=7)
         assert graft == plain
+
+
+def test_the_fixed_shape_path_runs_a_grammar_eagerly_to_the_same_tokens(tiny):
+    from graft_cli.runtime.fixed_target import make_target
+
+    grammar = json_schema(PERSON)
+    truth, _ = run(tiny, grammar, Empty(), drafts=False)
+    prompt_len = len(tiny[1].encode("Extract the person: Ada, 36, from Oslo."))
+    fixed, _ = run(tiny, grammar, OracleTreeProposer(truth, prompt_len, 4, "mixed", 49152),
+                   target=lambda model: make_target(model, "on"))
+    assert fixed == truth
 
 
 def test_the_mask_prunes_rejected_nodes_and_their_subtrees(tiny):

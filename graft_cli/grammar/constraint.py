@@ -9,7 +9,7 @@ decoding with the same mask does at every position: the accepted text is the sam
 from __future__ import annotations
 
 from time import perf_counter
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -85,7 +85,8 @@ class GrammarConstraint:
         self.seconds += perf_counter() - began
         return logits.masked_fill(forbidden, float("-inf"))
 
-    def _walk(self, tree: Tree, forced, visit=None) -> tuple[list[int], dict[int, list[int]]]:
+    def _walk(self, tree: Tree, forced: Callable[[], list[int]] | None,
+              visit: Callable[[int], None] | None = None) -> tuple[list[int], dict[int, list[int]]]:
         """Depth first from the root: each node's token fed from its parent's state (a rejected one ends its
         subtree), ``visit(row)`` called in its state, then rolled back. The valid nodes in index order, and with
         ``forced``, the tokens it returns in each state (the root's under ROOT)."""

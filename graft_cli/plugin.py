@@ -43,7 +43,7 @@ from graft_cli.core.version import __version__
 if TYPE_CHECKING:
     from graft_cli.runtime.loading import Loaded
 
-API_VERSION = (1, 0)  # (major, minor): a removed or changed name raises the major, a new name the minor
+API_VERSION = (1, 1)  # (major, minor): a removed or changed name raises the major, a new name the minor
 
 _FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 

@@ -210,6 +210,7 @@ class DraftModelDrafter(TreeDrafter):
         self.capacity, self.joined = 0, False  # the request's positions; whether its prompt has been read
         self.read: Sequence[int] = ()  # the last request the draft read, as its context (the engine's list) ...
         self.kept = 0  # ... and how many of its first tokens this request's prompt begins with, still cached
+        self.resumed = 0  # rows of the next prompt a prefix cache wrote into the cache (resume)
 
     def start(self, prompt: Sequence[int], prefill: Step, capacity: int) -> None:
         held = self.cache.length - self.tree_rows  # the cache's rows: the first tokens of the last request read
@@ -217,6 +218,9 @@ class DraftModelDrafter(TreeDrafter):
         self.skipped = len(prompt) - self.window if self.window and len(prompt) > self.window else 0
         self.capacity, self.joined = capacity, False  # the prompt is read at the first draft
         self.kept = 0 if self.skipped else _common(self.read[:held], prompt[:-1])
+        if self.resumed and not self.skipped:  # the prefix cache's rows, the same tokens: the cache holds them now
+            self.kept, self.read, self.cache.length = self.resumed, prompt, self.resumed
+        self.resumed = 0
         if self.reduced is not None:
             self._score_prompt(prompt)
 
@@ -231,6 +235,15 @@ class DraftModelDrafter(TreeDrafter):
         self.vocab = torch.cat([reduced, own])
         self.vocab_size = len(self.vocab)
         self.cache.also_score(own)
+
+    def state(self, context: Sequence[int]) -> tuple[Any, int]:
+        """Its cache and the context's rows in it: all it read, or what it held of the prompt if it never joined
+        (none with a window: its rows are not the context's positions)."""
+        rows = 0 if self.skipped else self.cache.length - self.tree_rows if self.joined else self.kept
+        return self.cache.cache, min(rows, max(len(context) - 1, 0))
+
+    def resume(self, rows: int) -> None:
+        self.resumed = rows
 
     def unread(self, context: Sequence[int]) -> int:
         read = self.cache.length if self.joined else self.kept

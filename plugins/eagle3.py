@@ -31,6 +31,7 @@ class Eagle3Drafter(TreeDrafter):
         self.pending_tokens: list[int] | torch.Tensor = []  # ... their tokens (on the device: the prefill's, ahead)
         self.committed = 0  # pairs in the head's cache
         self.next_position = 0
+        self.resumed = 0  # pairs of the next prompt a prefix cache wrote into the head's cache (resume)
 
     def _features(self, hidden: tuple[torch.Tensor, ...] | None, rows: list[int]) -> torch.Tensor:
         if hidden is None or len(hidden) != self.num_states:
@@ -43,12 +44,25 @@ class Eagle3Drafter(TreeDrafter):
         super().start(prompt, prefill, capacity)
         if fed:
             return
-        self.head.reset(capacity)
-        self.committed = 0
+        self._begin(capacity)
         # pair (features at t, token t + 1): the prompt's positions with the next prompt token, the last with
-        # the token the prefill chose
+        # the token the prefill chose (past the pairs resumed: the target fed exactly those rows)
         self.pending_features = [self._features(prefill.hidden, list(prefill.kept))]
-        self.pending_tokens = [*list(prompt)[1:], *prefill.accepted[:1]]
+        self.pending_tokens = [*list(prompt)[self.committed + 1 :], *prefill.accepted[:1]]
+
+    def _begin(self, capacity: int) -> None:
+        """A request's head cache: its first pairs those a prefix cache resumed, the rest empty."""
+        self.head.reset(capacity, self.resumed)
+        self.committed, self.resumed = self.resumed, 0
+
+    lag = 1  # pair t reads the token after t
+
+    def state(self, context: Sequence[int]) -> tuple[Any, int]:
+        """The head's cache and its pairs, fed or not: those it has read."""
+        return self.head.cache, self.committed
+
+    def resume(self, rows: int) -> None:
+        self.resumed = rows
 
     def observe(self, step: Step) -> None:
         fed = self.queued_at == "step"  # its pairs were fed on the device before the read (_count_fed)
@@ -92,8 +106,7 @@ class Eagle3Drafter(TreeDrafter):
             return None
         if outcome.start:
             self._reset()
-            self.head.reset(outcome.start)
-            self.committed = 0
+            self._begin(outcome.start)
             self.pending_features, self.pending_tokens = [outcome.features], outcome.tokens
             return self._root(())
         if self.fixed is None:

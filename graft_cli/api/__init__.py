@@ -23,6 +23,7 @@ from graft_cli.method import builder as methods
 from graft_cli.method.config import MethodConfig, configure
 from graft_cli.runtime.fixed_target import use_graphs
 from graft_cli.runtime.loading import load_model, parse_device_map
+from graft_cli.runtime.prefix_cache import PREFIX_CACHE_MIB
 from graft_cli.runtime.target import Progress
 
 __all__ = ["Completion", "Generator", "Piece", "Request", "Stream", "load", "open_generator"]
@@ -30,16 +31,18 @@ __all__ = ["Completion", "Generator", "Piece", "Request", "Stream", "load", "ope
 
 def open_generator(model: str, config: MethodConfig, device: str = "auto", dtype: str = "auto",
                    device_map: str | dict | None = None, prefill_chunk: int = 512,
-                   progress: Progress | None = None, graphs: str = "auto", *, threads: int | None = None) -> Generator:
+                   progress: Progress | None = None, graphs: str = "auto", *, threads: int | None = None,
+                   prefix_cache: float = PREFIX_CACHE_MIB) -> Generator:
     """A Generator for a method configuration: the configuration and its datastore checked before the model loads
     (a wrong flag should not cost seconds). ``graphs``: auto, on or off (``--graphs``: the fixed-shape path).
-    ``threads``: torch's CPU threads, set for the process (None: OMP_NUM_THREADS, else the cores it may use)."""
+    ``threads``: torch's CPU threads, set for the process (None: OMP_NUM_THREADS, else the cores it may use);
+    ``prefix_cache``: MiB of earlier requests' KV rows kept for the requests that begin alike (0: off)."""
     methods.check(config)
     methods.check_datastore(config)
     use_graphs(graphs, "cpu")  # a bad value fails here, before the model loads
     use_threads(threads)
     loaded = load_model(model, device, dtype, parse_device_map(device_map))
-    return Generator(loaded, config, prefill_chunk, progress, graphs)
+    return Generator(loaded, config, prefill_chunk, progress, graphs, prefix_cache)
 
 
 def load(model: str = DEFAULT_MODEL, *, method: str = "graft", draft: str | None = None,
@@ -47,14 +50,17 @@ def load(model: str = DEFAULT_MODEL, *, method: str = "graft", draft: str | None
          retriever_options: dict[str, str] | None = None, budget: int | str | None = None, tree: str | None = None,
          device: str = "auto", dtype: str = "auto", device_map: str | dict | None = None, prefill_chunk: int = 512,
          adjacency_file: str | None = None, graphs: str = "auto", threads: int | None = None,
+         prefix_cache: float = PREFIX_CACHE_MIB,
          **drafting: Any) -> Generator:
     """A model (catalog name, path, or hub id) and a method, ready to generate. ``drafting``: any
     :class:`~graft_cli.core.DraftSettings` field (``depth``, ``draft_top_k``, ``prune_at``, ``chain``, ...).
     ``graphs``: ``on`` verifies at fixed shapes, captured as CUDA graphs on a GPU; ``auto``: on CUDA only.
-    ``threads``: torch's CPU threads for the process (None: OMP_NUM_THREADS, else the cores it may use)."""
+    ``threads``: torch's CPU threads for the process (None: OMP_NUM_THREADS, else the cores it may use).
+    ``prefix_cache``: MiB of KV rows kept across calls for requests that begin alike (0: off; docs/serve.md)."""
     if len(datastores) > 1:
         raise GraftError("a Generator retrieves from one datastore (give one in datastores)")
     config = configure(method, budget=budget, retrievers=None if retrievers is None else list(retrievers),
                        datastore=str(datastores[0]) if datastores else None, adjacency_file=adjacency_file,
                        retriever_options=retriever_options, draft=draft, tree=tree, **drafting)
-    return open_generator(model, config, device, dtype, device_map, prefill_chunk, graphs=graphs, threads=threads)
+    return open_generator(model, config, device, dtype, device_map, prefill_chunk, graphs=graphs, threads=threads,
+                          prefix_cache=prefix_cache)

@@ -20,6 +20,7 @@ from graft_cli.runtime import decode
 from graft_cli.runtime.fixed_target import make_target
 from graft_cli.runtime.limits import parse_truncate
 from graft_cli.runtime.loading import Loaded, encode, stop_ids
+from graft_cli.runtime.prefix_cache import PREFIX_CACHE_MIB, prefix_cache_for
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Progress
 
@@ -58,10 +59,11 @@ class Generator:
     """A loaded target and a method's proposer, for any number of generations, one at a time."""
 
     def __init__(self, loaded: Loaded, config: MethodConfig, prefill_chunk: int = 512,
-                 progress: Progress | None = None, graphs: str = "auto") -> None:
+                 progress: Progress | None = None, graphs: str = "auto", prefix_cache: float = PREFIX_CACHE_MIB) -> None:
         self.loaded, self.config = loaded, config
         self.target = make_target(loaded.model, graphs, prefill_chunk, progress)
         self.proposer = methods.build(config, loaded, self.target)
+        self.prefix = prefix_cache_for(prefix_cache, self.target, self.proposer.drafter)  # None: off
         check_options(config.options, config.method)
         verdict = first_use(loaded, config, self.target, self.proposer)  # the captured path's, once per method
         if verdict is not None and not verdict.ok:
@@ -157,7 +159,7 @@ def _pieces(generator: Generator, request: Request, should_stop: Callable[[], bo
     stats, text, ids = Stats(), TextPieces(generator.loaded.tokenizer, generator.stop_ids, request.stop), []
     constraint = generator.grammars.constraint(request.grammar)
     steps = decode(generator.target, generator.proposer, request.prompt_ids, request.sampling,
-                   request.max_new_tokens, generator.stop_ids, request.seed, stats, constraint)
+                   request.max_new_tokens, generator.stop_ids, request.seed, stats, constraint, generator.prefix)
     cancelled = False
     try:
         for new in steps:

@@ -149,6 +149,7 @@ class StaticProposer:
 
     needs = Needs()
     recorder = Recorder()  # test proposers time nothing of their own
+    drafter = None
 
     def start(self, prompt, prefill, capacity) -> None:
         pass

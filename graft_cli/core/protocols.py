@@ -42,6 +42,7 @@ class Proposer(Protocol):
     """Grows the candidate tree for the next verification (drafters and retrievers hide behind one of these)."""
 
     recorder: Recorder  # its clock, and where it and its drafter count and time their work (the loop too)
+    drafter: Drafter | None  # its drafter, whose own cache a prefix cache keeps beside the target's (None: none)
 
     @property
     def needs(self) -> Needs:
@@ -100,6 +101,18 @@ class Drafter(Protocol):
     def observe(self, step: Step) -> None:
         """Learn from a verification: keep the accepted rows of the drafter's own cache, drop the rest."""
 
+    # what a prefix cache keeps of the drafter across requests (graft_cli/runtime/prefix_cache.py): its row r
+    # depends on the context's tokens up to r + ``lag`` (an EAGLE-3 head's pair reads the token after its own)
+    lag: int
+
+    def state(self, context: Sequence[int]) -> tuple[Any, int] | None:
+        """Its own KV cache (a ``PositionCache``) and how many leading rows of ``context`` it holds now; None: it
+        keeps nothing a prefix cache could reuse."""
+
+    def resume(self, rows: int) -> None:
+        """The next request's first ``rows`` rows are in its cache already (a prefix cache wrote them): its next
+        ``start`` reads only what follows. Told before every request while a prefix cache is on (0: nothing)."""
+
     def close(self) -> None:
         """End of the session: free or save what the drafter keeps."""
 
@@ -134,6 +147,14 @@ class DrafterDefaults:
 
     def observe(self, step: Step) -> None:
         """Nothing learnt."""
+
+    lag = 0
+
+    def state(self, context: Sequence[int]) -> tuple[Any, int] | None:
+        return None  # no cache of its own
+
+    def resume(self, rows: int) -> None:
+        """Nothing held."""
 
     def close(self) -> None:
         """Nothing to free."""

@@ -10,6 +10,7 @@ from graft_cli.core.step import Step
 @dataclass
 class Stats:
     new_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens a prefix cache held, not fed again
     steps: int = 0  # verification forwards of the target (the prefill not counted)
     draft_forwards: int = 0
     proposed: Counter = field(default_factory=Counter)  # nodes verified, by source
@@ -40,6 +41,7 @@ class Stats:
     def as_dict(self) -> dict:
         return {
             "new_tokens": self.new_tokens,
+            "cached_tokens": self.cached_tokens,
             "steps": self.steps,
             "tau": round(self.tau, 3),
             "tokens_per_s": round(self.tokens_per_s, 2),
@@ -57,8 +59,9 @@ class Stats:
         times = " ".join(f"{k} {v:.2f}s" for k, v in self.times.items())
         if self.budgets:
             times += f"; budget auto: {sum(self.budgets) / len(self.budgets):.1f} nodes per step"
+        cached = f"; {self.cached_tokens} prompt tokens from the prefix cache" if self.cached_tokens else ""
         return (
-            f"{self.new_tokens} tokens in {self.wall:.2f}s ({self.tokens_per_s:.1f} tok/s), "
+            f"{self.new_tokens} tokens in {self.wall:.2f}s ({self.tokens_per_s:.1f} tok/s){cached}, "
             f"tau {self.tau:.2f} over {self.steps} steps; accepted: {by_source}; {times}"
         )
 

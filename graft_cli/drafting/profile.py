@@ -177,6 +177,7 @@ class AutoBudget:
     def __init__(self, inner: Proposer, latency: LatencyModel) -> None:
         self.inner, self.latency = inner, latency
         self.recorder = inner.recorder  # one clock and one set of counters for both
+        self.drafter = inner.drafter
         self.chosen: list[int] = []  # tree nodes kept per step, across every generation
 
     @property

@@ -70,10 +70,11 @@ class Eagle3Head:
     def dtype(self) -> torch.dtype:
         return self.w["fc.weight"].dtype
 
-    def reset(self, capacity: int = 0) -> None:
-        """A new request of up to ``capacity`` rows: the cache is reserved once (position-addressed, as the
-        target's), so a forward writes only its own rows and no step copies the context's keys."""
-        self.cache.reserve(capacity)
+    def reset(self, capacity: int = 0, keep: int = 0) -> None:
+        """A new request of up to ``capacity`` rows, its first ``keep`` those held now: the cache is reserved once
+        (position-addressed, as the target's), so a forward writes only its own rows and no step copies the
+        context's keys."""
+        self.cache.reserve(capacity, keep)
 
     @property
     def length(self) -> int:

@@ -13,6 +13,7 @@ from typing import Iterator, Sequence
 
 from graft_cli.core import ROOM, Proposer, Stats, Step, Tree
 from graft_cli.core.constraint import Constraint
+from graft_cli.runtime.prefix_cache import PrefixCache
 from graft_cli.runtime.sampling import Noise, Sampling
 from graft_cli.runtime.target import Rule, Target
 
@@ -27,12 +28,15 @@ def decode(
     seed: int | None = None,
     stats: Stats | None = None,
     constraint: Constraint | None = None,
+    prefix: PrefixCache | None = None,
 ) -> Iterator[list[int]]:
     """Yield the new tokens of each step; stops after a stop token or exactly ``max_new_tokens`` tokens. Sampled
     text is a function of ``seed`` (with the model, prompt and sampling settings) alone, whatever the proposer.
     Phases are timed on the proposer's clock (its recorder's), counted into ``stats``. ``constraint``: the tokens
-    the text may hold (a grammar), applied at every verified row; the same text as plain decoding under it."""
-    phases = Phases(target, proposer, stats if stats is not None else Stats())
+    the text may hold (a grammar), applied at every verified row; the same text as plain decoding under it.
+    ``prefix``: the rows of earlier requests, resumed from at the start and given this one's at the end (cut off
+    by the caller included: between steps every cache is whole)."""
+    phases = Phases(target, proposer, stats if stats is not None else Stats(), prefix)
     if max_new_tokens <= 0:
         return
     noise = None if sampling.greedy else Noise(0 if seed is None else seed, target.device)
@@ -41,8 +45,13 @@ def decode(
     while True:
         new = _clip(step.accepted, max_new_tokens - phases.stats.new_tokens, stop_ids)
         phases.emitted(new)
-        yield new
+        try:
+            yield new
+        except GeneratorExit:
+            phases.store(step.context)
+            raise
         if new[-1] in stop_ids or phases.stats.new_tokens >= max_new_tokens:
+            phases.store(step.context)
             return
         tree = phases.propose(step.context, constraint)
         step = phases.verify(step.context, tree, rule)
@@ -53,14 +62,17 @@ class Phases:
     """The loop's calls, each timed into its phase of the request's stats: prefill, start (a draft model's own
     prefill, indexing), then each step's propose, verify (the forward, acceptance and the cache kept) and update."""
 
-    def __init__(self, target: Target, proposer: Proposer, stats: Stats) -> None:
+    def __init__(self, target: Target, proposer: Proposer, stats: Stats, prefix: PrefixCache | None = None) -> None:
         self.target, self.proposer, self.recorder, self.stats = target, proposer, proposer.recorder, stats
+        self.prefix = prefix
         self.recorder.begin(stats)
         self.began = self.recorder.clock()
 
     def start(self, prompt: Sequence[int], rule: Rule, capacity: int) -> Step:
         with self.recorder.timed("prefill"):
-            step = self.target.start(prompt, rule, capacity)
+            kept = self.prefix.resume(prompt, capacity) if self.prefix is not None else 0
+            self.stats.cached_tokens = kept
+            step = self.target.start(prompt, rule, capacity, kept)
         with self.recorder.timed("start"):
             self.proposer.start(prompt, step, capacity)
         return step
@@ -79,6 +91,12 @@ class Phases:
     def observe(self, step: Step) -> None:
         with self.recorder.timed("update"):
             self.proposer.observe(step)
+
+    def store(self, context: list[int]) -> None:
+        """The request's rows kept for the next ones, timed apart from its phases."""
+        if self.prefix is not None:
+            with self.recorder.timed("prefix store"):
+                self.prefix.store(context)
 
     def emitted(self, tokens: list[int]) -> None:
         """``tokens`` went out: counted, and the request's wall time so far."""

@@ -30,9 +30,13 @@ multiplies its value by a zero weight, and garbage there could be NaN.
 from __future__ import annotations
 
 import inspect
+from typing import Optional, Sequence
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+Rows = list[Optional[torch.Tensor]]  # positions of a cache's blocks: the shared block's, then each layer's own
 
 
 class PositionLayer(CacheLayerMixin):
@@ -158,6 +162,40 @@ class PositionCache(Cache):
                     index[block.device] = torch.tensor([start + r for r in rows[placed:]], device=block.device)
                 block.narrow(4, start + placed, moved).copy_(block.index_select(4, index[block.device]))
         self.settle(start + len(rows))
+
+    def take(self, start: int, end: int) -> Rows:
+        """A copy of positions ``[start, end)`` of every block (what the prefix cache keeps of a request): the shared
+        block's rows first, then each layer's own block's (None where a layer has none)."""
+        blocks = (self.block, *(layer.own for layer in self.layers))
+        return [None if b is None else b[..., start:end, :].clone() for b in blocks]
+
+    def load(self, pieces: Sequence[Rows], capacity: int) -> int:
+        """Start a request of up to ``capacity`` positions whose first rows are ``pieces`` (consecutive runs of
+        :meth:`take`, in position order), written into blocks of that capacity; returns how many rows that is.
+        Blocks too small for the capacity are made anew (zero-filled where the cache reads unfilled rows)."""
+        self.capacity = max(self.capacity, capacity)
+        length = 0
+        for slot, layer in enumerate((None, *self.layers)):
+            runs = [piece[slot] for piece in pieces if piece[slot] is not None]
+            if not runs:
+                continue
+            rows = torch.cat(runs, dim=-2) if len(runs) > 1 else runs[0]
+            held = self.block if layer is None else layer.own
+            if held is None or held.shape[4] < self.capacity or held.shape[:4] != rows.shape[:4]:
+                shape = (*rows.shape[:4], self.capacity, rows.shape[5])
+                held = rows.new_zeros(shape) if self.zeroed else rows.new_empty(shape)
+                if layer is None:
+                    self.block = held
+                else:
+                    layer.own = held
+            held[..., : rows.shape[-2], :] = rows
+            length = rows.shape[-2]
+        for layer in self.layers:  # each layer's views of its block (a new one, maybe) made now
+            block = layer.own[0] if layer.own is not None else None if self.block is None else self.block[layer.number]
+            if block is not None:
+                layer.keys, layer.values, layer.device, layer.is_initialized = block[0], block[1], block.device, True
+            layer.filled = length
+        return length
 
     def settle(self, length: int) -> None:
         """Every layer holds ``length`` rows (the fixed-shape path moves them on the device and says so here)."""

@@ -67,8 +67,8 @@ class MarginTarget(Target):
         super().__init__(model, *args, **kwargs)
         self._margins: list[torch.Tensor] = []
 
-    def start(self, prompt: Sequence[int], rule: Rule, capacity: int) -> Step:
-        step = super().start(prompt, rule, capacity)
+    def start(self, prompt: Sequence[int], rule: Rule, capacity: int, kept: int = 0) -> Step:
+        step = super().start(prompt, rule, capacity, kept)
         self._margins = [_margin(step.logits[-1])]
         return step
 

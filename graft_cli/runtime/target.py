@@ -174,15 +174,18 @@ class Target:
         return Rule(sampling, noise, needs, prompt)
 
     @torch.inference_mode()
-    def start(self, prompt: Sequence[int], rule: Rule, capacity: int) -> Step:
-        """A request of up to ``capacity`` positions: the prompt's forward and its token, the prefill's Step."""
-        out = self.prefill(list(prompt), rule.needs.hidden, capacity)
-        first, top, queued = self.first(prompt, out, rule, capacity)
-        return Step([*prompt, first], [first], Tree(), list(range(len(prompt))), out.logits, out.hidden, top,
+    def start(self, prompt: Sequence[int], rule: Rule, capacity: int, kept: int = 0) -> Step:
+        """A request of up to ``capacity`` positions: the prompt's forward and its token, the prefill's Step.
+        ``kept``: leading prompt rows the cache holds already (a prefix cache wrote them): the forward feeds the
+        rest, and the Step's rows (its hidden states) are theirs."""
+        out = self.prefill(list(prompt), rule.needs.hidden, capacity, kept)
+        first, top, queued = self.first(prompt[kept:], out, rule, capacity)
+        return Step([*prompt, first], [first], Tree(), list(range(len(prompt) - kept)), out.logits, out.hidden, top,
                     queued=queued)
 
     def first(self, prompt: Sequence[int], out: Forward, rule: Rule,
               capacity: int) -> tuple[int, np.ndarray | None, list[float] | None]:
+<<<<<<< HEAD
         """The prefill's token from its last row; here one read, no top-k (a retriever that learns from it computes
         its own on the device, read with its next lookup) and nothing queued (the fixed-shape path's)."""
         if rule.constraint is None:
@@ -190,6 +193,12 @@ class Target:
         token = pick(rule.constraint.masked(Tree(), out.logits[-1:])[0], rule.sampling, rule.noise, 0)
         rule.constraint.advance([token])
         return token, None, None
+=======
+        """The prefill's token from its last row (``prompt``: the rows it fed); here one read, no top-k (a retriever
+        that learns from it computes its own on the device, read with its next lookup) and nothing queued (the
+        fixed-shape path's)."""
+        return pick(out.logits[-1], rule.sampling, rule.noise, 0), None, None
+>>>>>>> 70d9c0c (Prefix cache: earlier requests' KV rows, target's and drafter's, in a radix tree)
 
     def step(self, context: list[int], tree: Tree, rule: Rule) -> Step:
         """Verify ``tree`` after ``context`` in one forward, accept on the host (``verify.accept``) and keep the

@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from graft_cli.catalog.entries import DEFAULT_MODEL
+from graft_cli.core.defaults import PREFIX_CACHE_MIB
 from graft_cli.cli.options import (
     AdjacencyFile, Budget, Chain, Datastore, Depth, Device, DeviceMap, Draft, DraftAhead, DraftTopK, DraftVocab,
-    DraftWeights, DraftWindow, Dtype, Graphs, MaxNewTokens, Method, Model, PrefillChunk, PruneAt, RetrieverOpt,
-    Retrievers, RopeTheta, Threads, TreeShape, Truncate, method_config,
+    DraftWeights, DraftWindow, Dtype, Graphs, MaxNewTokens, Method, Model, PrefillChunk, PrefixCache, PruneAt,
+    RetrieverOpt, Retrievers, RopeTheta, Threads, TreeShape, Truncate, method_config,
 )
 from graft_cli.core import GraftError
 
@@ -66,6 +67,7 @@ def generate(
     prefill_chunk: PrefillChunk = 512,
     graphs: Graphs = "auto",
     threads: Threads = None,
+    prefix_cache: PrefixCache = PREFIX_CACHE_MIB,
 ) -> None:
     """Generate text from a prompt, losslessly faster."""
     from graft_cli.api import open_generator
@@ -92,7 +94,7 @@ def generate(
                     seed=seed if seed is not None else random.randrange(2**31), stop=[unescape(s) for s in stop], raw=raw,
                     truncate=truncate, grammar=grammar)  # one seed for the whole run: a batch's lines sample as they would alone
     generator = open_generator(model, config, device, dtype, device_map, prefill_chunk, PrefillBar(), graphs,
-                               threads=threads)
+                               threads=threads, prefix_cache=prefix_cache)
     try:
         if jsonl:
             _run_jsonl(generator, lines, settings, stats)

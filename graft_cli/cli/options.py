@@ -11,7 +11,7 @@ import typer
 from dataclasses import fields
 from typing import Any
 
-from graft_cli.core.defaults import CPU, CUDA, MAX_LEVELS, both
+from graft_cli.core.defaults import CPU, CUDA, MAX_LEVELS, PREFIX_CACHE_MIB, both
 from graft_cli.core.env import DraftSettings
 from graft_cli.core.errors import GraftError
 from graft_cli.core.prune import DEFAULT_SCHEDULE
@@ -71,6 +71,10 @@ Threads = Annotated[Optional[int], typer.Option(
     "--threads", min=1, rich_help_panel=DEVICE,
     help="CPU threads torch runs on (default: OMP_NUM_THREADS if set, else the cores this process may use, as "
          "taskset or a container's cpuset allows).")]
+PrefixCache = Annotated[float, typer.Option(
+    "--prefix-cache", min=0, metavar="MIB", rich_help_panel=DEVICE,
+    help=f"Keep earlier requests' KV rows (the target's and the drafter's), up to MIB mebibytes, so a request that "
+         f"begins as an earlier one did feeds only the rest (default {PREFIX_CACHE_MIB}; 0: off).")]
 PrefillChunk = Annotated[int, typer.Option("--prefill-chunk", min=1, rich_help_panel=DEVICE, help="Prompt tokens per prefill forward (bounds the prefill's peak memory; a progress bar shows on a terminal when the prefill takes over 2 s).")]
 
 

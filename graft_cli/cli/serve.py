@@ -9,10 +9,11 @@ from typing import Optional
 import typer
 
 from graft_cli.catalog.entries import DEFAULT_MODEL
+from graft_cli.core.defaults import PREFIX_CACHE_MIB
 from graft_cli.cli.options import (
     AdjacencyFile, Budget, Chain, Datastore, Depth, Device, DeviceMap, Draft, DraftAhead, DraftTopK, DraftVocab,
-    DraftWeights, DraftWindow, Dtype, Graphs, MaxNewTokens, Method, Model, PrefillChunk, PruneAt, RetrieverOpt,
-    Retrievers, RopeTheta, Threads, TreeShape, Truncate, method_config,
+    DraftWeights, DraftWindow, Dtype, Graphs, MaxNewTokens, Method, Model, PrefillChunk, PrefixCache, PruneAt,
+    RetrieverOpt, Retrievers, RopeTheta, Threads, TreeShape, Truncate, method_config,
 )
 
 SERVER = "Server"
@@ -45,6 +46,7 @@ def serve(
     prefill_chunk: PrefillChunk = 512,
     graphs: Graphs = "auto",
     threads: Threads = None,
+    prefix_cache: PrefixCache = PREFIX_CACHE_MIB,
     host: str = typer.Option("127.0.0.1", "--host", rich_help_panel=SERVER, help="Address to bind (0.0.0.0: every interface; think before you do)."),
     port: int = typer.Option(8000, "--port", min=1, max=65535, rich_help_panel=SERVER, help="Port to listen on."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="GRAFT_API_KEY", rich_help_panel=SERVER, help="Require this key (Authorization: Bearer KEY); also GRAFT_API_KEY."),
@@ -61,7 +63,7 @@ def serve(
     if response_cache:
         config = with_response_cache(config)
     generator = open_generator(model, config, device, dtype, device_map, prefill_chunk, graphs=graphs,
-                               threads=threads)
+                               threads=threads, prefix_cache=prefix_cache)
     name = served_name or model
     service = Service(generator, name, max_queue, max_new_tokens, api_key, truncate)
     shown = "every interface" if host in ("0.0.0.0", "::") else host

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+PREFIX_CACHE_MIB = 1024  # the prefix cache's default budget: ~23K tokens of SmolLM2-135M's fp32 rows, ~18K of Qwen2.5-1.5B's
 MAX_LEVELS = 24  # draft forwards per step at most in a cost-chosen tree, unless --depth says otherwise
 
 

@@ -59,7 +59,7 @@ class Stats:
         times = " ".join(f"{k} {v:.2f}s" for k, v in self.times.items())
         if self.budgets:
             times += f"; budget auto: {sum(self.budgets) / len(self.budgets):.1f} nodes per step"
-        cached = f"; {self.cached_tokens} prompt tokens from the prefix cache" if self.cached_tokens else ""
+        cached = f", {self.cached_tokens} prompt tokens from the prefix cache" if self.cached_tokens else ""
         return (
             f"{self.new_tokens} tokens in {self.wall:.2f}s ({self.tokens_per_s:.1f} tok/s){cached}, "
             f"tau {self.tau:.2f} over {self.steps} steps; accepted: {by_source}; {times}"

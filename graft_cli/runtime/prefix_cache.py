@@ -25,10 +25,10 @@ from typing import Any, Sequence
 import torch
 
 from graft_cli.core import GraftError
+from graft_cli.core.defaults import PREFIX_CACHE_MIB
 from graft_cli.runtime.kv_cache import PositionCache, Rows
 
 MIB = 2**20
-PREFIX_CACHE_MIB = 1024  # the default budget: ~23K tokens of SmolLM2-135M's fp32 rows, ~18K of Qwen2.5-1.5B's
 
 
 @dataclass

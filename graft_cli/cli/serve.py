@@ -57,11 +57,12 @@ def serve(
     """Serve the model over the OpenAI API: chat and text completions, streamed or whole."""
     from graft_cli.api import open_generator
     from graft_cli.method.config import with_response_cache
-    from graft_cli.server.app import Service, serve as run_server
+    from graft_cli.server.app import Service, bind, serve as run_server
 
     config = method_config(locals())
     if response_cache:
         config = with_response_cache(config)
+    sock = bind(host, port)  # a port in use is one line before the model loads, and "serving" is said once bound
     generator = open_generator(model, config, device, dtype, device_map, prefill_chunk, graphs=graphs,
                                threads=threads, prefix_cache=prefix_cache)
     name = served_name or model
@@ -69,4 +70,4 @@ def serve(
     shown = "every interface" if host in ("0.0.0.0", "::") else host
     print(f"graft: serving {name} ({config.method}) at http://{host}:{port}/v1 on {shown}; Ctrl-C or SIGTERM stops",
           file=sys.stderr, flush=True)
-    run_server(service, host, port)
+    run_server(service, sock)

@@ -54,10 +54,24 @@ class Limits:
             return ids
         keep = self.reach - max_new_tokens - tree
         if truncate is None or keep < 1:
-            fix = "lower --max-new-tokens" if keep < 1 else "shorten the prompt, lower --max-new-tokens, or give --truncate left|right"
-            raise GraftError(f"prompt ({len(ids)} tokens) + --max-new-tokens {max_new_tokens} + tree nodes {tree} = "
-                             f"{need} positions, more than {self._why()}: {fix}")
+            raise TooLong(len(ids), max_new_tokens, tree, need, self._why(), keep >= 1)
         return ids[-keep:] if truncate == "left" else ids[:keep]
+
+
+class TooLong(GraftError):
+    """A request past the model's positions, said with its numbers in the command line's words; :meth:`said`
+    words it another way (a server's request names its own ``max_tokens``)."""
+
+    def __init__(self, prompt: int, new: int, tree: int, need: int, why: str, truncatable: bool) -> None:
+        self.prompt, self.new, self.tree, self.need, self.why = prompt, new, tree, need, why
+        fix = "shorten the prompt, lower --max-new-tokens, or give --truncate left|right" if truncatable else \
+            "lower --max-new-tokens"
+        super().__init__(self.said("--max-new-tokens", fix))
+
+    def said(self, limit: str, fix: str) -> str:
+        """The message with the new-token limit named ``limit`` and the way out ``fix``."""
+        return (f"prompt ({self.prompt} tokens) + {limit} {self.new} + tree nodes {self.tree} = {self.need} "
+                f"positions, more than {self.why}: {fix}")
 
 
 def parse_truncate(text: str | None) -> str | None:

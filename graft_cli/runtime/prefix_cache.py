@@ -102,6 +102,10 @@ class PrefixCache:
     def nodes(self) -> int:
         return sum(1 for _ in _walk(self.root)) - 1
 
+    def figures(self) -> dict:
+        """Its totals, the bytes it holds and its nodes (a server's ``/metrics``)."""
+        return {**self.totals.as_dict(), "bytes": self.bytes, "nodes": self.nodes}
+
     def _parts(self, context: Sequence[int]) -> list[Part]:
         """The target's part, then the drafter's where it keeps one."""
         parts = [Part(self.target.cache, self.target.length)]

@@ -164,7 +164,8 @@ def new_id(kind: str) -> str:
 def usage(completion: Completion) -> dict:
     generated = len(completion.token_ids)
     return {"prompt_tokens": completion.prompt_tokens, "completion_tokens": generated,
-            "total_tokens": completion.prompt_tokens + generated}
+            "total_tokens": completion.prompt_tokens + generated,
+            "prompt_tokens_details": {"cached_tokens": completion.stats.cached_tokens}}
 
 
 def graft_figures(completion: Completion) -> dict:

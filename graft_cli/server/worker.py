@@ -12,7 +12,7 @@ import asyncio
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from graft_cli.api import Completion, Generator, Piece, Request
 from graft_cli.core import GraftError
@@ -26,6 +26,7 @@ class Done:
 @dataclass
 class Failed:
     message: str
+    status: int = 500  # 503: the server is shutting down
 
 
 @dataclass
@@ -50,8 +51,11 @@ class Full(Exception):
 
 
 class Worker:
-    def __init__(self, generator: Generator, max_queue: int) -> None:
-        self.generator, self.max_queue = generator, max_queue
+    """``ended``: told of every completion, a cut-off one included (the server's metrics)."""
+
+    def __init__(self, generator: Generator, max_queue: int,
+                 ended: Callable[[Completion], None] | None = None) -> None:
+        self.generator, self.max_queue, self.ended = generator, max_queue, ended
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._waiting = 0  # submitted and not started
         self._lock = threading.Lock()
@@ -87,7 +91,7 @@ class Worker:
                 break
             if job is not None:
                 job.cancelled.set()
-                job.send(Failed("the server is shutting down"))
+                job.send(Failed("the server is shutting down: the request was never run; send it again", 503))
                 with self._lock:
                     self._waiting -= 1
 
@@ -115,6 +119,8 @@ class Worker:
             stream = self.generator.run(job.request, should_stop=job.cancelled.is_set)
             for piece in stream:
                 job.send(piece)
+            if self.ended is not None:
+                self.ended(stream.completion)
             job.send(Done(stream.completion))
         except GraftError as e:
             job.send(Failed(str(e)))

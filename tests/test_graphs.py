@@ -127,6 +127,28 @@ def test_graphs_warm_up_then_capture_once_and_forget_when_memory_moves():
     assert graphs.run(None, lambda: "eager") == "eager"
 
 
+def test_graph_keys_stay_bounded_whatever_the_sampling_settings():
+    """A server meets many sampling settings, an acceptance graph each: past the limit every graph is dropped and
+    recorded again as its shapes come back (the capture stubbed: a replay runs the region into the captured
+    outputs), and the tokens stay the eager path's."""
+    model = tiny_model(seed=9)
+    prompt = np.random.default_rng(3).integers(0, VOCAB, 16).tolist()
+
+    def capture(region):
+        out = region()
+        return (lambda: into(out, region())), out
+
+    target = FixedShapeTarget(model, capture=capture)
+    target.graphs.limit = 6
+    most = 0
+    for i in range(10):
+        sampling = Sampling(temperature=0.5 + 0.05 * i, top_k=4 * (i % 3), top_p=1 - 0.02 * i)
+        truth = decoded(Target(model), GraftProposer(0), prompt, sampling, 20)
+        assert decoded(target, OracleTreeProposer(truth, len(prompt), 4), prompt, sampling, 20) == truth
+        most = max(most, len(target.graphs.calls))
+    assert most <= 6 and target.graphs.captured
+
+
 def eagle3_proposer(root, target, cost_aware: bool) -> GraftProposer:
     """A random head drafting for ``target``: dense levels, or the cost-aware builder (planned, as on a GPU),
     which on the fixed-shape path queues each draft before the step's read (tests/test_draft_ahead.py)."""

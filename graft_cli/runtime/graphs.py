@@ -17,6 +17,11 @@ graph is keyed by the keys its verification read, so the two are recorded togeth
 
 A capture that fails (an operation a graph cannot hold, memory) leaves that key eager for good, with one line on
 stderr: a graph is an optimisation, never a reason to stop generating.
+
+The keys are bounded: an acceptance graph is keyed by its sampling settings, so a server that meets many of them
+would keep a graph (and its memory) for each. Past ``LIMIT`` keys every graph is dropped and recorded again as its
+shapes come back: never one graph alone, since a graph recorded again after those that read its outputs could put
+them where those keep their scratch (the pool's order above).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any, Callable, Hashable
 import torch
 
 WARMUP = 2  # eager calls of a key before it is captured
+LIMIT = 256  # keys (counted or captured) a Graphs holds before it drops them all
 Region = Callable[[], Any]
 Replay = Callable[[], None]
 
@@ -59,8 +65,8 @@ class Graphs:
     """Regions by key: replayed once captured, eager before that and wherever ``capture`` is None. ``seconds``:
     what each capture took (the start-up cost the docs quote)."""
 
-    def __init__(self, capture: Capture | None, warmup: int = WARMUP) -> None:
-        self.capture, self.warmup = capture, warmup
+    def __init__(self, capture: Capture | None, warmup: int = WARMUP, limit: int = LIMIT) -> None:
+        self.capture, self.warmup, self.limit = capture, warmup, limit
         self.captured: dict[Hashable, tuple[Replay, Any]] = {}
         self.calls: Counter = Counter()
         self.failed: set[Hashable] = set()
@@ -74,6 +80,10 @@ class Graphs:
             return found[1]
         if key is None or self.capture is None or key in self.failed:
             return region()
+        if key not in self.calls and len(self.calls) >= self.limit:
+            self.forget()
+            self.failed.clear()
+            self.seconds.clear()
         self.calls[key] += 1
         if self.calls[key] <= self.warmup:
             return region()

@@ -133,10 +133,13 @@ def _settings(body: dict, default_tokens: int) -> dict:
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
     if top_p == 0:
         raise ApiError(400, "'top_p' must be above 0", "top_p")
+    top_k = body.get("top_k", 0)  # not OpenAI's: vLLM's and llama.cpp's extension, which clients send as extra_body
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
+        raise ApiError(400, "'top_k' must be a non-negative integer (0: every token)", "top_k")
     seed = body.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63):
         raise ApiError(400, "'seed' must be a non-negative integer", "seed")
-    return dict(max_new_tokens=limit, temperature=temperature, top_p=top_p, seed=seed, stop=stop)
+    return dict(max_new_tokens=limit, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop)
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float) -> float:

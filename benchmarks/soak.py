@@ -148,6 +148,7 @@ def serve_stubbed(entries: Path, flags: list[str]) -> None:
     ``entries`` when it exits."""
     import atexit
 
+    from graft_cli.bench.synthetic import stub_capture
     from graft_cli.cli import main as graft_main
     from graft_cli.runtime import fixed_target, graphs
 
@@ -160,17 +161,13 @@ def serve_stubbed(entries: Path, flags: list[str]) -> None:
         most[name] = max(most.get(name, 0), len(self.calls))
         return out
 
-    def stub(region):
-        out = region()
-        return (lambda: _into(out, region())), out
-
     graphs.Graphs.run = counted
     original = fixed_target.make_target
 
     def make(model, switch="auto", chunk=fixed_target.PREFILL_CHUNK, progress=None, **kinds):
         target = original(model, switch, chunk, progress, **kinds)
         if isinstance(target, fixed_target.FixedShapeTarget):
-            target.graphs.capture = stub
+            target.graphs.capture = stub_capture
         return target
 
     import graft_cli.api.generator as generator
@@ -178,19 +175,6 @@ def serve_stubbed(entries: Path, flags: list[str]) -> None:
     atexit.register(lambda: entries.write_text(json.dumps(max(most.values(), default=0))))
     sys.argv = ["graft", "serve", *flags]
     graft_main()
-
-
-def _into(static, new) -> None:
-    """A region's fresh outputs copied into its captured ones."""
-    from graft_cli.runtime.fixed_shapes import Padded
-
-    if isinstance(static, Padded):
-        _into((static.logits, *(static.hidden or ()), static.features), (new.logits, *(new.hidden or ()), new.features))
-    elif isinstance(static, tuple):
-        for mine, theirs in zip(static, new):
-            _into(mine, theirs)
-    elif static is not None:
-        static.copy_(new)
 
 
 def main() -> None:

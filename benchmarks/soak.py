@@ -6,8 +6,8 @@ memory after the last request against after the 50th, and the most fixed-shape g
 
     python -m benchmarks.soak [--requests 300] [--specs 40] [--graphs on] [--prefix-cache 64] [--out soak.json]
 
-With ``--graphs on`` on a CPU the server's steps run at fixed shapes with the capture stubbed (a replay runs the
-region into the captured outputs), so its graph keys are counted as a GPU's would be. The prefix cache's budget
+With ``--graphs on`` on a CPU the server's steps run at fixed shapes, eagerly, with the books a GPU keeps of its
+graphs (``CountedGraphs``), so its graph keys are counted as a GPU's would be. The prefix cache's budget
 is small by default so that it is full well before the 50th request: the memory compared is then what leaks, not
 the cache filling up.
 """
@@ -144,11 +144,11 @@ def soak(args: argparse.Namespace) -> dict:
 
 
 def serve_stubbed(entries: Path, flags: list[str]) -> None:
-    """`graft serve FLAGS` in this process, every Graphs' capture stubbed; the most keys each held is written to
-    ``entries`` when it exits."""
+    """`graft serve FLAGS` in this process, the target's graphs counted as a GPU's (CountedGraphs); the most keys
+    any Graphs held is written to ``entries`` when it exits."""
     import atexit
 
-    from graft_cli.bench.synthetic import stub_capture
+    from graft_cli.bench.synthetic import CountedGraphs
     from graft_cli.cli import main as graft_main
     from graft_cli.runtime import fixed_target, graphs
 
@@ -167,7 +167,7 @@ def serve_stubbed(entries: Path, flags: list[str]) -> None:
     def make(model, switch="auto", chunk=fixed_target.PREFILL_CHUNK, progress=None, **kinds):
         target = original(model, switch, chunk, progress, **kinds)
         if isinstance(target, fixed_target.FixedShapeTarget):
-            target.graphs.capture = stub_capture
+            target.graphs = CountedGraphs()
         return target
 
     import graft_cli.api.generator as generator

@@ -19,6 +19,7 @@ from graft_cli.heads import HeadConfig, expected_shapes
 from graft_cli.core import Needs, Recorder, ROOT, Tree
 from graft_cli.method.config import MethodConfig, configure
 from graft_cli.runtime.fixed_shapes import Padded
+from graft_cli.runtime.graphs import LIMIT, Graphs
 
 VOCAB = 97
 
@@ -228,3 +229,26 @@ def copy_outputs(static, new) -> None:
                 mine.copy_(theirs)
     elif static is not None:
         static.copy_(new)
+
+class CountedGraphs(Graphs):
+    """:class:`Graphs` that keeps a GPU's books -- each key counted, captured after its warm-ups, trimmed past the
+    limit -- and runs every region eagerly: what a CPU can say of the keys the captured path would hold."""
+
+    def __init__(self, limit: int = LIMIT) -> None:
+        super().__init__(None, limit=limit)
+
+    def run(self, key, region):
+        self.capture = _nothing_recorded
+        try:
+            super().run(key, _nothing)
+        finally:
+            self.capture = None  # a drafter that follows the target's capture runs eagerly
+        return region()
+
+
+def _nothing() -> None:
+    return None
+
+
+def _nothing_recorded(region) -> tuple:
+    return _nothing, region()

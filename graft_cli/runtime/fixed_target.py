@@ -85,6 +85,7 @@ class FixedShapeTarget(Target):
     def step(self, context: list[int], tree: Tree, rule: Rule) -> Step:
         """Verify ``tree`` after ``context`` and accept on the device; what ``Needs.queue`` queues from the unread
         result (the next draft) is read with it."""
+        self.graphs.trim()  # a step's start: no graph's outputs are still to be read
         rows, past, ring, needs = len(tree) + 1, self.length, rule.noise, rule.needs
         size, capacity = bucket(rows, self.buckets), self.cache.layers[0].keys.shape[2]
         # no room to pad, or a grammar's masks (made on the host): the eager step (nothing queued: drafted after it)

@@ -19,9 +19,10 @@ A capture that fails (an operation a graph cannot hold, memory) leaves that key 
 stderr: a graph is an optimisation, never a reason to stop generating.
 
 The keys are bounded: an acceptance graph is keyed by its sampling settings, so a server that meets many of them
-would keep a graph (and its memory) for each. Past ``LIMIT`` keys every graph is dropped and recorded again as its
-shapes come back: never one graph alone, since a graph recorded again after those that read its outputs could put
-them where those keep their scratch (the pool's order above).
+would keep a graph (and its memory) for each. Past ``LIMIT`` keys every graph is dropped at the next step's start
+(:meth:`Graphs.trim`) and recorded again as its shapes come back: never one graph alone, nor in the middle of a
+step, since a graph must be recorded after the graphs whose outputs it reads (the acceptance after its
+verification) and before those that read its own (the pool's order above).
 """
 
 from __future__ import annotations
@@ -80,10 +81,6 @@ class Graphs:
             return found[1]
         if key is None or self.capture is None or key in self.failed:
             return region()
-        if key not in self.calls and len(self.calls) >= self.limit:
-            self.forget()
-            self.failed.clear()
-            self.seconds.clear()
         self.calls[key] += 1
         if self.calls[key] <= self.warmup:
             return region()
@@ -103,6 +100,15 @@ class Graphs:
         self.captured[key] = (replay, out)
         replay()  # a capture records and runs nothing: this call's results come from the first replay
         return out
+
+    def trim(self) -> None:
+        """Past ``limit`` keys, drop every graph (and what was counted of each key). Called by the owner where no
+        region's outputs are still to be read by another (a step's start): a graph that reads another's outputs
+        must be recorded after it, so the two must start counting again together."""
+        if len(self.calls) + len(self.failed) > self.limit:
+            self.forget()
+            self.failed.clear()
+            self.seconds.clear()
 
     def forget(self) -> None:
         """Drop every graph (the memory they recorded has moved: a cache that grew); warm-ups start again."""

@@ -18,7 +18,6 @@ from graft_cli.drafting import CostAwareProposer, LatencyModel, Objective
 from graft_cli.drafting.proposer import GraftProposer
 from graft_cli.heads import load_head
 from graft_cli.runtime.engine import decode
-from graft_cli.runtime.fixed_shapes import Padded
 from graft_cli.runtime.fixed_target import FixedShapeTarget
 from graft_cli.runtime.graphs import Graphs
 from graft_cli.runtime.sampling import Sampling
@@ -62,18 +61,6 @@ class CompiledCapture:
             finally:
                 self.replaying = False
         return replay, out
-
-
-def into(static, new) -> None:
-    """Copy a region's fresh outputs into its static ones."""
-    if isinstance(static, Padded):
-        into((static.logits, *(static.hidden or ()), static.features), (new.logits, *(new.hidden or ()), new.features))
-    elif isinstance(static, tuple):
-        for mine, theirs in zip(static, new):
-            if mine is not None:
-                mine.copy_(theirs)
-    elif static is not None:
-        static.copy_(new)
 
 
 @pytest.fixture(autouse=True)

@@ -63,12 +63,12 @@ class Generator:
         self.loaded, self.config = loaded, config
         self.target = make_target(loaded.model, graphs, prefill_chunk, progress)
         self.proposer = methods.build(config, loaded, self.target)
-        self.prefix = prefix_cache_for(prefix_cache, self.target, self.proposer.drafter)  # None: off
         check_options(config.options, config.method)
         verdict = first_use(loaded, config, self.target, self.proposer)  # the captured path's, once per method
         if verdict is not None and not verdict.ok:
             self.target = make_target(loaded.model, "off", prefill_chunk, progress)
             self.proposer = methods.build(config, loaded, self.target)
+        self.prefix = prefix_cache_for(prefix_cache, self.target, self.proposer.drafter)  # None: off
         self.stop_ids = stop_ids(loaded)
         self.reach = tree_budget(config, loaded.device)  # the tree room a request must leave below the model's limits
         self._busy = threading.Lock()

@@ -32,7 +32,8 @@ def served():
 
 def ask(client, question: str, **kwargs):
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
-    return client.chat.completions.create(model=MODEL, messages=messages, **({"max_tokens": 12, "temperature": 0} | kwargs))
+    settings = {"max_tokens": 12, "temperature": 0} | kwargs
+    return client.chat.completions.create(model=MODEL, messages=messages, **settings)
 
 
 def get(url: str, key: str | None = KEY) -> tuple[int, dict[str, str], str]:
@@ -61,7 +62,8 @@ def test_a_shared_system_prompt_is_cached_and_reported(served):
     values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
     assert int(values["graft_prefix_cache_hits_total"]) >= 3
     assert int(values['graft_tokens_total{kind="cached"}']) >= warm.usage.prompt_tokens_details.cached_tokens
-    assert int(values['graft_requests_total{finish="length"}']) + int(values.get('graft_requests_total{finish="stop"}', 0)) == 4
+    ended = [int(values.get(f'graft_requests_total{{finish="{reason}"}}', 0)) for reason in ("length", "stop")]
+    assert sum(ended) == 4
     assert values["graft_queue_waiting"] == "0" and int(values["graft_request_accepted_per_step_count"]) == 4
     assert get(f"{url}/metrics", key=None)[0] == 401
 

@@ -59,7 +59,8 @@ class Generator:
     """A loaded target and a method's proposer, for any number of generations, one at a time."""
 
     def __init__(self, loaded: Loaded, config: MethodConfig, prefill_chunk: int = 512,
-                 progress: Progress | None = None, graphs: str = "auto", prefix_cache: float = PREFIX_CACHE_MIB) -> None:
+                 progress: Progress | None = None, graphs: str = "auto",
+                 prefix_cache: float = PREFIX_CACHE_MIB) -> None:
         self.loaded, self.config = loaded, config
         self.target = make_target(loaded.model, graphs, prefill_chunk, progress)
         self.proposer = methods.build(config, loaded, self.target)

@@ -173,8 +173,8 @@ def make_target(model: torch.nn.Module, switch: str = "auto", chunk: int = PREFI
 
 def prefill_outcome(prompt: Sequence[int], out: Forward, layers: Sequence[int], choice: torch.Tensor,
                     capacity: int) -> Outcome:
-    """The prefill's result before its read: each prompt row it fed (``prompt``) with the token after it, the last with the prefill's
-    own choice ``[1]`` (still on the device), and those rows' states of ``layers``."""
+    """The prefill's result before its read: each prompt row it fed (``prompt``) with the token after it, the last
+    with the prefill's own choice ``[1]`` (still on the device), and those rows' states of ``layers``."""
     device = choice.device
     tokens = torch.cat([torch.tensor(list(prompt[1:]), dtype=torch.long, device=device), choice])
     features = None

@@ -185,20 +185,14 @@ class Target:
 
     def first(self, prompt: Sequence[int], out: Forward, rule: Rule,
               capacity: int) -> tuple[int, np.ndarray | None, list[float] | None]:
-<<<<<<< HEAD
-        """The prefill's token from its last row; here one read, no top-k (a retriever that learns from it computes
-        its own on the device, read with its next lookup) and nothing queued (the fixed-shape path's)."""
+        """The prefill's token from its last row (``prompt``: the rows it fed); here one read, no top-k (a retriever
+        that learns from it computes its own on the device, read with its next lookup) and nothing queued (the
+        fixed-shape path's)."""
         if rule.constraint is None:
             return pick(out.logits[-1], rule.sampling, rule.noise, 0), None, None
         token = pick(rule.constraint.masked(Tree(), out.logits[-1:])[0], rule.sampling, rule.noise, 0)
         rule.constraint.advance([token])
         return token, None, None
-=======
-        """The prefill's token from its last row (``prompt``: the rows it fed); here one read, no top-k (a retriever
-        that learns from it computes its own on the device, read with its next lookup) and nothing queued (the
-        fixed-shape path's)."""
-        return pick(out.logits[-1], rule.sampling, rule.noise, 0), None, None
->>>>>>> 70d9c0c (Prefix cache: earlier requests' KV rows, target's and drafter's, in a radix tree)
 
     def step(self, context: list[int], tree: Tree, rule: Rule) -> Step:
         """Verify ``tree`` after ``context`` in one forward, accept on the host (``verify.accept``) and keep the

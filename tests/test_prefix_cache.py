@@ -31,7 +31,7 @@ SAMPLINGS = {"greedy": Sampling(), "sampled": Sampling(temperature=0.8, top_k=8,
 
 def run(target, proposer, prompt, prefix=None, sampling=Sampling(), n=24, seed=3):
     stats = Stats()
-    out = [t for s in decode(target, proposer, prompt, sampling, n, set(), seed, stats, prefix) for t in s]
+    out = [t for s in decode(target, proposer, prompt, sampling, n, set(), seed, stats, prefix=prefix) for t in s]
     return out, stats
 
 

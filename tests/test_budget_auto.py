@@ -30,6 +30,7 @@ def test_parse_budget():
 
 class _Inner:
     needs = Needs()
+    drafter = None  # the contract's: a proposer with no drafter of its own
 
     def __init__(self, scores, clock=time.perf_counter):
         self.scores = scores

@@ -12,48 +12,26 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from statistics import median
 from typing import Iterator
 
 import openai
 
 import graft_cli
+from benchmarks.server_process import free_port, running
 
 PROMPT = "Write a Python function that checks whether a string is a palindrome, with a docstring and tests."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
 def served(model: str, flags: list[str]) -> Iterator[openai.OpenAI]:
     """A client of `graft serve --model MODEL FLAGS` on a free port, once it answers; the server stops after."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "graft_cli", "serve", "--model", model, "--port", str(port),
-                             *flags], stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.2)
-        else:
-            raise SystemExit("graft serve did not start")
+    argv = [sys.executable, "-m", "graft_cli", "serve", "--model", model, "--port", str(port), *flags]
+    with running(argv, port) as (url, _):
         yield openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait()
 
 
 def through_server(client: openai.OpenAI, model: str, tokens: int, stream: bool) -> tuple[float, int, dict]:

@@ -18,8 +18,6 @@ import argparse
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,7 +28,7 @@ from pathlib import Path
 
 import openai
 
-from benchmarks.serve_cost import free_port
+from benchmarks.server_process import free_port, running
 
 MODEL = "smollm2-135m-instruct"
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "bench"
@@ -97,17 +95,16 @@ def soak(args: argparse.Namespace) -> dict:
     print(f"soak: {len(all_specs)} distinct requests, their plain-decoding texts first ...", file=sys.stderr)
     truth = references(all_specs)
     port, entries = free_port(), Path(tempfile.mkdtemp()) / "graph_keys.json"
-    flags = ["--port", str(port), "--graphs", args.graphs, "--prefix-cache", str(args.prefix_cache),
-             "--max-queue", "64"]
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.soak", "--serve", str(entries), *flags],
-                            stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.2)
+    argv = [sys.executable, "-m", "benchmarks.soak", "--serve", str(entries), "--port", str(port), "--graphs",
+            args.graphs, "--prefix-cache", str(args.prefix_cache), "--max-queue", "64"]
+    with running(argv, port, env=dict(os.environ, OMP_NUM_THREADS=str(args.threads))) as (url, proc):
+        result = drive(url, proc.pid, all_specs, truth, args)
+    result["graph_keys_most"] = json.loads(entries.read_text()) if entries.exists() else None
+    return result
+
+
+def drive(url: str, pid: int, all_specs: list[dict], truth: list[str], args: argparse.Namespace) -> dict:
+    """Send the soak's requests to the server at ``url`` (process ``pid``) and gather its figures."""
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
     rng = random.Random(1)
     plan = [(rng.randrange(len(all_specs)), rng.choices(["whole", "streamed", "dropped"], [45, 45, 10])[0])
@@ -122,25 +119,21 @@ def soak(args: argparse.Namespace) -> dict:
             if text is not None and text != truth[index]:
                 wrong.append({"spec": index, "mode": mode, "got": text, "want": truth[index]})
             if done[0] in (50, args.requests):
-                rss[done[0]] = rss_mib(proc.pid)
+                rss[done[0]] = rss_mib(pid)
 
     started = time.perf_counter()
     with ThreadPoolExecutor(args.clients) as pool:
         list(pool.map(one, plan))
     seconds = time.perf_counter() - started
     metrics = urllib.request.urlopen(f"{url}/metrics").read().decode()
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(60)
     figures = {k: v for k, v in (line.rsplit(" ", 1) for line in metrics.splitlines() if line[:1] != "#")}
-    result = dict(requests=args.requests, distinct=len(all_specs), clients=args.clients, seconds=round(seconds, 1),
-                  dropped=sum(mode == "dropped" for _, mode in plan), wrong=wrong,
-                  rss_mib_after_50=round(rss[50], 1), rss_mib_after_last=round(rss[args.requests], 1),
-                  rss_change=round(rss[args.requests] / rss[50] - 1, 4),
-                  graph_keys_most=json.loads(entries.read_text()) if entries.exists() else None,
-                  prefix_hits=figures.get("graft_prefix_cache_hits_total"),
-                  cached_tokens=figures.get('graft_tokens_total{kind="cached"}'),
-                  prompt_tokens=figures.get('graft_tokens_total{kind="prompt"}'))
-    return result
+    return dict(requests=args.requests, distinct=len(all_specs), clients=args.clients, seconds=round(seconds, 1),
+                dropped=sum(mode == "dropped" for _, mode in plan), wrong=wrong,
+                rss_mib_after_50=round(rss[50], 1), rss_mib_after_last=round(rss[args.requests], 1),
+                rss_change=round(rss[args.requests] / rss[50] - 1, 4),
+                prefix_hits=figures.get("graft_prefix_cache_hits_total"),
+                cached_tokens=figures.get('graft_tokens_total{kind="cached"}'),
+                prompt_tokens=figures.get('graft_tokens_total{kind="prompt"}'))
 
 
 def serve_stubbed(entries: Path, flags: list[str]) -> None:

@@ -79,3 +79,19 @@ def test_subprocess_pipeline_with_the_default_model():
     records = [json.loads(line) for line in jsonl.stdout.decode().splitlines()]
     assert [r["id"] for r in records if "text" in r] == ["a", "b"]
     assert [r["line"] for r in records if "error" in r] == [2]  # the bad line's error record, in its place
+
+
+@pytest.mark.real_model
+def test_a_jsonl_batch_shares_its_prefixes_and_keeps_its_tokens():
+    """Lines that begin alike resume from the prefix cache (cached tokens in their stats), with the tokens each
+    line gets with the cache off."""
+    system = {"role": "system", "content": "You answer for a library: books are lent for three weeks, renewed "
+                                           "twice, and returned at any branch. Be brief."}
+    lines = "".join(json.dumps({"id": i, "messages": [system, {"role": "user", "content": q}]}) + "\n"
+                    for i, q in enumerate(["How long can I keep a book?", "Can I renew it?"])).encode()
+    graft = [sys.executable, "-m", "graft_cli", "generate", "--jsonl", "-n", "10", "--stats"]
+    warm, cold = (subprocess.run(graft + flags, input=lines, capture_output=True, timeout=300)
+                  for flags in ([], ["--prefix-cache", "0"]))
+    records = [[json.loads(line) for line in run.stdout.decode().splitlines()] for run in (warm, cold)]
+    assert [r["text"] for r in records[0]] == [r["text"] for r in records[1]]
+    assert records[0][1]["stats"]["cached_tokens"] > 30 and records[1][1]["stats"]["cached_tokens"] == 0

@@ -153,7 +153,10 @@ def main() -> None:
     if args.mask_cost:
         print(mask_cost(loaded))
         return
-    generators = {"ar": Generator(loaded, configure("ar")), "graft": Generator(loaded, configure("graft", draft=args.draft))}
+    # no prefix cache: each answer pays its own prefill (a cache shared by the two graft columns would give the
+    # prompt's rows to whichever of them runs second)
+    generators = {"ar": Generator(loaded, configure("ar"), prefix_cache=0),
+                  "graft": Generator(loaded, configure("graft", draft=args.draft), prefix_cache=0)}
     template = loaded.tokenizer.chat_template or ""
     tagged = None if "tools" not in template else "<tool_call>" in template
     run(generators, tasks[0], 0, tagged, 16)  # warm-up: first calls, the grammar tokenizer built

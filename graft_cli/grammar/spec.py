@@ -122,9 +122,14 @@ def _first_line(message: str) -> str:
     return f"{first} ({detail})" if detail and detail not in first else first
 
 
+def json_value(schema: dict) -> str:
+    """A Lark expression for one JSON value valid under ``schema``, laid out as :func:`json_schema`'s: a part of
+    a grammar built of several (a tool call in its tags, a call or an answer)."""
+    laid_out = {**schema, "x-guidance": {**JSON_LAYOUT, **schema.get("x-guidance", {})}}
+    return f"%json {json.dumps(laid_out)}"
+
+
 def tagged_json(schema: dict, before: str, after: str, what: str) -> Grammar:
     """One JSON value valid under ``schema`` between ``before`` and ``after``, Lark expressions (a special token
-    as ``<tool_call>``, text quoted): a tool call in the tags a chat template asks for, with the JSON laid out as
-    :func:`json_schema`'s."""
-    laid_out = {**schema, "x-guidance": {**JSON_LAYOUT, **schema.get("x-guidance", {})}}
-    return Grammar(f"start: {before} value {after}\nvalue: %json {json.dumps(laid_out)}", what)
+    as ``<tool_call>``, text quoted)."""
+    return Grammar(f"start: {before} value {after}\nvalue: {json_value(schema)}", what)

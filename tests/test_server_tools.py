@@ -61,7 +61,8 @@ def client():
 
 
 def create(client, **kwargs):
-    return client.chat.completions.create(model=QWEN, **({"messages": ASK, "temperature": 0, "max_tokens": 60} | kwargs))
+    settings = {"messages": ASK, "temperature": 0, "max_tokens": 60} | kwargs
+    return client.chat.completions.create(model=QWEN, **settings)
 
 
 @pytest.mark.real_model

@@ -127,6 +127,18 @@ def test_forced_tokens_extend_the_root_and_the_drafted_paths(tiny):
     assert sum(path.startswith(', "age":') for path in paths) == 2  # under the root, and after the drafted ", "
 
 
+def test_the_end_is_all_a_finished_grammar_allows_and_costs_no_forward(tiny):
+    _, tokenizer, grammar_tokenizer = tiny
+    ticks = count()
+    constraint = GrammarConstraint(regex("(yes|no)"), grammar_tokenizer, lambda: float(next(ticks)))
+    assert constraint.ending() == []
+    constraint.advance(tokenizer.encode("yes"))
+    assert constraint.ending() == [STOP]  # the loop emits it without verifying it
+    masked = constraint.masked(Tree(), torch.zeros(1, 49152))
+    assert torch.nonzero(masked[0] > float("-inf")).flatten().tolist() == [STOP]
+    assert constraint.seconds == 2.0  # on the clock it was handed: advance and masked, one tick each
+
+
 @pytest.mark.parametrize("make, bad", [(json_schema, '{"type": "objec"}'), (json_schema, "{not json"),
                                        (regex, "[a-")])
 def test_a_bad_schema_or_pattern_is_one_line(make, bad):

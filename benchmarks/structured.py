@@ -88,7 +88,7 @@ def summary(results: list[dict]) -> list[dict]:
                      "tau": tokens / max(steps, 1),
                      "forced_share": sum(x["forced"] for x in runs) / tokens,
                      "grammar_ms_per_step": 1000 * sum(x["grammar_s"] for x in runs) / max(steps, 1),
-                     "valid": sum(x["valid"] for x in runs), "tasks": len(runs), "tokens": tokens})
+                     "valid": sum(x["valid"] for x in runs), "tasks": len(runs), "tokens": tokens, "wall_s": wall})
     return rows
 
 
@@ -99,12 +99,15 @@ def table(rows: list[dict], same: int, total: int) -> str:
               f"{r['forced_share']:.0%} | "
               f"{r['grammar_ms_per_step']:.2f} | {r['valid']}/{r['tasks']} |" for r in rows]
     speed = {r["config"]: r["tokens_per_s"] for r in rows}
+    wall = {r["config"]: r["wall_s"] for r in rows}
     decode = {r["config"]: r["decode_per_s"] for r in rows}
     lines.append(f"\ngraft constrained: {speed['graft constrained'] / speed['ar constrained']:.2f}x ar constrained, "
                  f"{speed['graft constrained'] / speed['graft free']:.2f}x graft free (decoding alone: "
                  f"{decode['graft constrained'] / decode['ar constrained']:.2f}x, "
                  f"{decode['graft constrained'] / decode['graft free']:.2f}x); "
-                 f"graft's constrained tokens are ar's on {same}/{total} tasks")
+                 f"graft's constrained tokens are ar's on {same}/{total} tasks; the requests took "
+                 f"{wall['graft constrained']:.1f} s constrained, {wall['graft free']:.1f} s free "
+                 f"({wall['graft free'] / wall['graft constrained']:.2f}x)")
     return "\n".join(lines)
 
 
@@ -153,7 +156,10 @@ def main() -> None:
     if args.mask_cost:
         print(mask_cost(loaded))
         return
-    generators = {"ar": Generator(loaded, configure("ar")), "graft": Generator(loaded, configure("graft", draft=args.draft))}
+    # no prefix cache: each answer pays its own prefill (a cache shared by the two graft columns would give the
+    # prompt's rows to whichever of them runs second)
+    generators = {"ar": Generator(loaded, configure("ar"), prefix_cache=0),
+                  "graft": Generator(loaded, configure("graft", draft=args.draft), prefix_cache=0)}
     template = loaded.tokenizer.chat_template or ""
     tagged = None if "tools" not in template else "<tool_call>" in template
     run(generators, tasks[0], 0, tagged, 16)  # warm-up: first calls, the grammar tokenizer built

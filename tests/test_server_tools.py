@@ -61,7 +61,8 @@ def client():
 
 
 def create(client, **kwargs):
-    return client.chat.completions.create(model=QWEN, messages=ASK, **({"temperature": 0, "max_tokens": 60} | kwargs))
+    settings = {"messages": ASK, "temperature": 0, "max_tokens": 60} | kwargs
+    return client.chat.completions.create(model=QWEN, **settings)
 
 
 @pytest.mark.real_model
@@ -102,6 +103,19 @@ def test_response_formats_and_a_cut_answer(client):
 
 
 @pytest.mark.real_model
+def test_parallel_calls_and_a_response_format_beside_tools(client):
+    both = [{"role": "user", "content": "What is the weather in Oslo and in Paris, in celsius?"}]
+    answer = create(client, messages=both, tools=[WEATHER], tool_choice="required", max_tokens=80).choices[0]
+    assert answer.finish_reason == "tool_calls"
+    cities = [json.loads(call.function.arguments)["city"] for call in answer.message.tool_calls]
+    assert cities and set(cities) <= {"Oslo", "Paris"}  # the 0.5B model calls once; the grammar takes more
+    city = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    text = create(client, messages=[{"role": "user", "content": "Name the capital of Norway, as JSON."}],
+                  tools=[WEATHER], response_format={"type": "json_schema", "json_schema": {"schema": city}}).choices[0]
+    assert text.message.tool_calls or "city" in json.loads(text.message.content)
+
+
+@pytest.mark.real_model
 def test_bad_tools_and_schemas_are_400s_and_the_server_goes_on(client):
     for kwargs, param in [
         (dict(response_format={"type": "json_schema", "json_schema": {"schema": {"type": "objec"}}}),
@@ -109,8 +123,38 @@ def test_bad_tools_and_schemas_are_400s_and_the_server_goes_on(client):
         (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice"),
         (dict(tools=[{"type": "function"}]), "tools[0]"),
         (dict(tool_choice="required"), "tool_choice"),
+        (dict(tools=[WEATHER], parallel_tool_calls="yes"), "parallel_tool_calls"),
     ]:
         with pytest.raises(openai.BadRequestError) as e:
             create(client, **kwargs)
         assert e.value.status_code == 400 and e.value.body["param"] == param
     assert create(client, max_tokens=4).choices[0].message.content
+
+
+def test_several_calls_or_the_response_format_are_what_the_grammar_takes():
+    from transformers import AutoTokenizer
+
+    from graft_cli.catalog.resolve import resolve_model
+    from graft_cli.grammar import GrammarTokenizer
+    from graft_cli.server.tools import structure
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(QWEN))
+    grammars = GrammarTokenizer(tokenizer, len(tokenizer), {tokenizer.eos_token_id})
+    one = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}\n</tool_call>'
+    answer = {"type": "json_schema", "json_schema": {"schema": {"type": "object", "required": ["city"], "properties":
+                                                                {"city": {"type": "string"}}}}}
+
+    def takes(body: dict, text: str) -> bool:
+        matcher = grammars.matcher(structure(body)[1])
+        tokens = tokenizer.encode(text, add_special_tokens=False)
+        return matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()
+
+    required = {"tools": [WEATHER], "tool_choice": "required"}
+    assert takes(required, one) and takes(required, f"{one}\n{one}\n") and not takes(required, '{"city": "Oslo"}')
+    assert not takes({**required, "parallel_tool_calls": False}, f"{one}\n{one}")
+    auto = {"tools": [WEATHER], "response_format": answer}
+    assert takes(auto, one) and takes(auto, '{"city": "Oslo"}') and not takes(auto, "Sunny")
+    assert structure({"tools": [WEATHER]})[1] is None  # auto without a format: free, parsed afterwards
+    two = parse_calls(f"{one}\n{one}\n")
+    assert [c["function"]["name"] for c in two] == ["get_weather"] * 2
+    assert [delta[0]["index"] for delta in call_deltas(two)] == [0, 0, 1, 1]  # streamed as OpenAI streams them

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+from itertools import count
+from time import perf_counter
 
 import pytest
 import torch
@@ -35,7 +37,7 @@ class Empty(StaticProposer):
 
 def run(tiny, grammar, proposer, sampling=Sampling(), seed=0, n=40, drafts=True, target=Target):
     model, tokenizer, grammar_tokenizer = tiny
-    constraint = GrammarConstraint(grammar, grammar_tokenizer, drafts)
+    constraint = GrammarConstraint(grammar, grammar_tokenizer, perf_counter, drafts)
     prompt = tokenizer.encode("Extract the person: Ada, 36, from Oslo.")
     steps = decode(target(model), proposer, prompt, sampling, n, {STOP}, seed, constraint=constraint)
     return [t for step in steps for t in step], constraint
@@ -98,7 +100,7 @@ def test_the_fixed_shape_path_runs_a_grammar_eagerly_to_the_same_tokens(tiny):
 
 def test_the_mask_prunes_rejected_nodes_and_their_subtrees(tiny):
     _, tokenizer, grammar_tokenizer = tiny
-    constraint = GrammarConstraint(regex(r"[0-9]{4}"), grammar_tokenizer, drafts=False)
+    constraint = GrammarConstraint(regex(r"[0-9]{4}"), grammar_tokenizer, perf_counter, drafts=False)
     tree = Tree()
     digit = tree.add(ROOT, tokenizer.convert_tokens_to_ids("1"), "d", 0.9)
     tree.add(digit, tokenizer.convert_tokens_to_ids("9"), "d", 0.8)
@@ -113,7 +115,7 @@ def test_the_mask_prunes_rejected_nodes_and_their_subtrees(tiny):
 
 def test_forced_tokens_extend_the_root_and_the_drafted_paths(tiny):
     _, tokenizer, grammar_tokenizer = tiny
-    constraint = GrammarConstraint(json_schema(PERSON), grammar_tokenizer)
+    constraint = GrammarConstraint(json_schema(PERSON), grammar_tokenizer, perf_counter)
     shaped = constraint.shape(Tree())
     assert tokenizer.decode(shaped.tokens()) == '{"name": "'  # the whole forced string, its last token too
     assert {node.source for node in shaped.nodes} == {FORCED}
@@ -123,6 +125,18 @@ def test_forced_tokens_extend_the_root_and_the_drafted_paths(tiny):
     extended = constraint.shape(drafted)
     paths = [tokenizer.decode([extended.nodes[i].token for i in path]) for path in extended.paths()]
     assert sum(path.startswith(', "age":') for path in paths) == 2  # under the root, and after the drafted ", "
+
+
+def test_the_end_is_all_a_finished_grammar_allows_and_costs_no_forward(tiny):
+    _, tokenizer, grammar_tokenizer = tiny
+    ticks = count()
+    constraint = GrammarConstraint(regex("(yes|no)"), grammar_tokenizer, lambda: float(next(ticks)))
+    assert constraint.ending() == []
+    constraint.advance(tokenizer.encode("yes"))
+    assert constraint.ending() == [STOP]  # the loop emits it without verifying it
+    masked = constraint.masked(Tree(), torch.zeros(1, 49152))
+    assert torch.nonzero(masked[0] > float("-inf")).flatten().tolist() == [STOP]
+    assert constraint.seconds == 2.0  # on the clock it was handed: advance and masked, one tick each
 
 
 @pytest.mark.parametrize("make, bad", [(json_schema, '{"type": "objec"}'), (json_schema, "{not json"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from graft_cli.core import GraftError
+from graft_cli.core import Clock, GraftError
 from graft_cli.grammar import Grammar, GrammarConstraint, GrammarTokenizer, json_schema as schema_grammar
 from graft_cli.grammar import regex as regex_grammar
 
@@ -38,6 +38,7 @@ class Grammars:
         self.compiled.check(made)
         return made
 
-    def constraint(self, grammar: Grammar | None) -> GrammarConstraint | None:
-        """A generation's grammar state (None for free text)."""
-        return None if grammar is None else GrammarConstraint(grammar, self.compiled, self.drafts)
+    def constraint(self, grammar: Grammar | None, clock: Clock) -> GrammarConstraint | None:
+        """A generation's grammar state (None for free text), its host time read on ``clock`` (the proposer's
+        recorder's, as every phase of the generation)."""
+        return None if grammar is None else GrammarConstraint(grammar, self.compiled, clock, self.drafts)

@@ -24,3 +24,7 @@ class Constraint(Protocol):
 
     def advance(self, tokens: Sequence[int]) -> None:
         """The accepted tokens of a step (a stop token ends the text: it is not fed)."""
+
+    def ending(self) -> list[int]:
+        """``[stop]`` when the text so far allows nothing but its end (the one stop token the masks then allow),
+        else ``[]``: the loop emits it without a forward, as plain decoding under the same mask would pick it."""

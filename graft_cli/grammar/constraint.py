@@ -8,13 +8,12 @@ decoding with the same mask does at every position: the accepted text is the sam
 
 from __future__ import annotations
 
-from time import perf_counter
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-from graft_cli.core import ROOT, GraftError, Tree
+from graft_cli.core import ROOT, Clock, GraftError, Tree
 from graft_cli.grammar.spec import Grammar, GrammarTokenizer
 
 FORCED = "forced"  # the source name of nodes the grammar forced (Stats.accepted counts them under it)
@@ -24,10 +23,11 @@ FORCED_NODES = 48  # forced nodes a step may add past the proposer's tree (each 
 class GrammarConstraint:
     """One request's grammar state (graft_cli.core.constraint.Constraint). ``drafts``: whether forced tokens are
     added to the tree (not for plain decoding, the reference). ``seconds`` adds up the host time spent on the
-    grammar (masks, checks, forced tokens): what the constraint costs each step, reported beside the phases."""
+    grammar (masks, checks, forced tokens), read on ``clock`` (the generation's recorder's): what the constraint
+    costs each step, reported beside the phases."""
 
-    def __init__(self, grammar: Grammar, tokenizer: GrammarTokenizer, drafts: bool = True) -> None:
-        self.matcher = tokenizer.matcher(grammar)
+    def __init__(self, grammar: Grammar, tokenizer: GrammarTokenizer, clock: Clock, drafts: bool = True) -> None:
+        self.matcher, self.clock = tokenizer.matcher(grammar), clock
         self.tokenizer, self.vocab, self.stops, self.drafts = tokenizer, tokenizer.vocab, tokenizer.stops, drafts
         self.words = len(self.matcher.compute_bitmask()) // 4  # a row's 32-bit words (the engine's own count)
         self.seconds = 0.0
@@ -39,17 +39,20 @@ class GrammarConstraint:
         return self.matcher.is_accepting()
 
     def advance(self, tokens: Sequence[int]) -> None:
-        began = perf_counter()
+        began = self.clock()
         for token in tokens:
             if token in self.stops:
                 break
             if not self.matcher.consume_token(int(token)):  # the mask allowed it: only an engine fault gets here
                 raise GraftError(f"the grammar rejected token {token} it allowed: {self.matcher.get_error()}")
             self.fed += 1
-        self.seconds += perf_counter() - began
+        self.seconds += self.clock() - began
+
+    def ending(self) -> list[int]:
+        return [self.tokenizer.end] if self.matcher.is_stopped() and self.tokenizer.end is not None else []
 
     def shape(self, tree: Tree) -> Tree:
-        began = perf_counter()
+        began = self.clock()
         valid, forced = self._walk(tree, lambda: self.tokenizer.forced(self.matcher) if self.drafts else [])
         shaped = tree if len(valid) == len(tree) else tree.subtree(valid)
         room = FORCED_NODES
@@ -64,15 +67,19 @@ class GrammarConstraint:
             room -= len(shaped) - before
             if room <= 0:
                 break
-        self.seconds += perf_counter() - began
+        self.seconds += self.clock() - began
         return shaped
 
     def masked(self, tree: Tree, logits: torch.Tensor) -> torch.Tensor:
-        began = perf_counter()
+        began = self.clock()
         packed = np.full((len(tree) + 1, self.words), -1, dtype=np.int32)  # an invalid node's row: anything
 
         def mask(row: int) -> None:
-            packed[row] = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.int32)
+            if self.ending():  # the text's end: only the stop token the loop emits for free there (ending)
+                packed[row] = 0
+                packed.view(np.uint32)[row, self.tokenizer.end // 32] = 1 << self.tokenizer.end % 32
+            else:
+                packed[row] = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.int32)
 
         mask(0)
         self._walk(tree, None, mask)
@@ -82,7 +89,7 @@ class GrammarConstraint:
         if not allowed.any(axis=1).all():
             raise GraftError(f"the grammar allows no token here: {self.matcher.get_error() or 'no continuation'}")
         forbidden = torch.from_numpy(allowed == 0).to(logits.device)
-        self.seconds += perf_counter() - began
+        self.seconds += self.clock() - began
         return logits.masked_fill(forbidden, float("-inf"))
 
     def _walk(self, tree: Tree, forced: Callable[[], list[int]] | None,
@@ -108,7 +115,7 @@ class GrammarConstraint:
             valid.append(node)
             if visit is not None:
                 visit(node + 1)
-            if forced is not None and not self.matcher.is_stopped():
+            if forced is not None:
                 found[node] = forced()
             stack.append((node, False))
             stack.extend((child, True) for child in reversed(children.get(node, [])))

@@ -70,15 +70,27 @@ class GrammarTokenizer:
     def __init__(self, tokenizer: Any, vocab: int, stops: Iterable[int]) -> None:
         stops = sorted(stops)
         self.vocab, self.stops, self.text = vocab, frozenset(stops), tokenizer
+        # the stop token drafted where the grammar allows nothing else: the tokenizer's own end of text first
+        self.end = tokenizer.eos_token_id if tokenizer.eos_token_id in self.stops else (stops or [None])[0]
         try:
             self.inner = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab, eos_token=stops or None)
         except ValueError as e:
             raise GraftError(f"structured output needs a fast tokenizer: {e}") from None
 
     def forced(self, matcher: llguidance.LLMatcher) -> list[int]:
-        """The tokens a state forces, as a whole string: llguidance's forced tokens stop where the next token is
-        ambiguous (``": "`` may end in ``" "`` or ``' "'``); the forced bytes, tokenized as the model's tokenizer
-        would, go on to their end. A draft, so a wrong last token costs a row, never a token."""
+        """The tokens a state forces, as a whole string, then the stop token where the grammar is done after them
+        (``"}`` closing the object ends the answer: the stop drafted with it saves a step). llguidance's forced
+        tokens stop where the next token is ambiguous (``": "`` may end in ``" "`` or ``' "'``); the forced
+        bytes, tokenized as the model's tokenizer would, go on to their end. A draft, so a wrong last token costs
+        a row, never a token."""
+        tokens = self._forced_text(matcher)
+        fed = matcher.try_consume_tokens(tokens)
+        if fed == len(tokens) and matcher.is_stopped() and self.end is not None:
+            tokens = [*tokens, self.end]
+        matcher.rollback(fed)
+        return tokens
+
+    def _forced_text(self, matcher: llguidance.LLMatcher) -> list[int]:
         tokens = matcher.compute_ff_tokens()
         try:
             whole = self.text.encode(matcher.compute_ff_bytes().decode("utf-8"), add_special_tokens=False)
@@ -110,9 +122,14 @@ def _first_line(message: str) -> str:
     return f"{first} ({detail})" if detail and detail not in first else first
 
 
+def json_value(schema: dict) -> str:
+    """A Lark expression for one JSON value valid under ``schema``, laid out as :func:`json_schema`'s: a part of
+    a grammar built of several (a tool call in its tags, a call or an answer)."""
+    laid_out = {**schema, "x-guidance": {**JSON_LAYOUT, **schema.get("x-guidance", {})}}
+    return f"%json {json.dumps(laid_out)}"
+
+
 def tagged_json(schema: dict, before: str, after: str, what: str) -> Grammar:
     """One JSON value valid under ``schema`` between ``before`` and ``after``, Lark expressions (a special token
-    as ``<tool_call>``, text quoted): a tool call in the tags a chat template asks for, with the JSON laid out as
-    :func:`json_schema`'s."""
-    laid_out = {**schema, "x-guidance": {**JSON_LAYOUT, **schema.get("x-guidance", {})}}
-    return Grammar(f"start: {before} value {after}\nvalue: %json {json.dumps(laid_out)}", what)
+    as ``<tool_call>``, text quoted)."""
+    return Grammar(f"start: {before} value {after}\nvalue: {json_value(schema)}", what)

@@ -44,6 +44,8 @@ def decode(
     step = phases.start(prompt, rule, len(prompt) + max_new_tokens + ROOM)  # caches reserved once a request
     while True:
         new = _clip(step.accepted, max_new_tokens - phases.stats.new_tokens, stop_ids)
+        if constraint is not None and new[-1] not in stop_ids and phases.stats.new_tokens + len(new) < max_new_tokens:
+            new += constraint.ending()  # a grammar that allows only its end: the stop, without a forward
         phases.emitted(new)
         try:
             yield new

@@ -4,8 +4,10 @@
 
 A tool call is written the way the model's chat template asks for it: Hermes' tags (``<tool_call>\\n{"name": ...,
 "arguments": {...}}\\n</tool_call>``, Qwen2.5's), else one bare JSON object. ``tool_choice: "required"`` or a named
-function constrains the answer to one such call whose arguments follow the function's schema; ``"auto"`` leaves the
-model free and parses what it wrote; ``"none"`` leaves the tools out of the prompt."""
+function constrains the answer to such calls (in tags, one or several one after another unless
+``parallel_tool_calls`` is false) whose arguments follow the function's schema; ``"auto"`` leaves the model free and
+parses what it wrote, or with a ``response_format`` holds it to calls or that format; ``"none"`` leaves the tools out
+of the prompt."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graft_cli.core import GraftError
-from graft_cli.grammar import Grammar, any_json, json_schema, tagged_json
+from graft_cli.grammar import Grammar, json_schema, json_value
 
 OPEN = "<tool_call>\n"  # Hermes' tags, as Qwen2.5's template writes them (special tokens of its tokenizer)
 TAGS = ('<tool_call> "\\n"', '"\\n" </tool_call>')  # the same in a grammar: the tokens, and the newlines
@@ -33,60 +35,71 @@ class Refused(Exception):
 
 @dataclass(frozen=True)
 class Tools:
-    """A request's tools (OpenAI function objects) and its ``tool_choice``: "auto", "required" or a name."""
+    """A request's tools (OpenAI function objects) and its ``tool_choice``: "auto", "required" or a name.
+    ``parallel``: an answer may hold several calls (OpenAI's ``parallel_tool_calls``, on by default; in Hermes'
+    tags only, one after another: a bare JSON call is one)."""
 
     functions: tuple[dict, ...]
     choice: str
     tagged: bool = True  # calls in Hermes' tags (the template asks for them), else one bare JSON object
+    parallel: bool = True
 
     def rendered(self) -> list[dict]:
         """The tools as a chat template takes them (``apply_chat_template(tools=...)``)."""
         return [{"type": "function", "function": f} for f in self.functions]
 
-    def grammar(self) -> Grammar | None:
-        """The answer's grammar: one call of the chosen function (or of any, "required"); None for "auto"."""
-        if self.choice == "auto":
+    def grammar(self, answer: dict | None = None) -> Grammar | None:
+        """The answer's grammar: calls of the chosen function (or of any, "required"); for "auto", None, or with
+        ``answer`` (a response format's schema) calls of any function or that answer, as the model chooses."""
+        if self.choice == "auto" and answer is None:
             return None
-        chosen = [f for f in self.functions if self.choice == "required" or f["name"] == self.choice]
+        chosen = [f for f in self.functions if self.choice in ("required", "auto") or f["name"] == self.choice]
         options = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                     "properties": {"name": {"const": f["name"]},
                                    "arguments": f.get("parameters") or {"type": "object"}}} for f in chosen]
-        schema = options[0] if len(options) == 1 else {"anyOf": options}
+        before, after = TAGS if self.tagged else ("", "")
+        calls = 'call ("\\n" call)* "\\n"?' if self.parallel and self.tagged else "call"
+        rules = [f"start: {calls}" + (" | answer" if self.choice == "auto" else ""),
+                 f"call: {before} value {after}",
+                 f"value: {json_value(options[0] if len(options) == 1 else {'anyOf': options})}"]
+        if self.choice == "auto":
+            rules.append(f"answer: {json_value(answer)}")
         try:
-            return tagged_json(schema, *(TAGS if self.tagged else ("", "")), "tool schema")
+            return Grammar("\n".join(rules), "tool schema")
         except GraftError as e:
             raise Refused(str(e), "tools") from None
 
 
 def structure(body: dict, tagged: bool = True) -> tuple[Tools | None, Grammar | None]:
     """A request's tools (None: none, or ``tool_choice: "none"``) and the grammar its answer must match;
-    ``tagged``: the chat template writes calls in Hermes' tags."""
+    ``tagged``: the chat template writes calls in Hermes' tags. A response format with tools shapes the answer
+    that is not a call (with "auto"; "required" and a named function leave none)."""
     tools = _tools(body, tagged)
     answer = _response_format(body.get("response_format"))
-    if tools is not None and answer is not None:
-        raise Refused("'response_format' cannot be combined with tools (unless tool_choice is \"none\")",
-                      "response_format")
-    return tools, answer if tools is None else tools.grammar()
+    if tools is None:
+        return None, None if answer is None else json_schema(answer)
+    return tools, tools.grammar(answer)
 
 
-def _response_format(value: Any) -> Grammar | None:
+def _response_format(value: Any) -> dict | None:
+    """The schema a response format asks of the answer (None: free text), checked."""
     if value is None:
         return None
     kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}  # an object, as OpenAI's clients expect
+    if kind != "json_schema":
+        raise Refused("'response_format.type' must be text, json_object or json_schema", "response_format")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise Refused("'response_format.json_schema' must be an object with a 'schema' object", "response_format")
     try:
-        if kind == "text":
-            return None
-        if kind == "json_object":
-            return any_json()
-        if kind == "json_schema":
-            spec = value.get("json_schema")
-            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-                raise Refused("'response_format.json_schema' must be an object with a 'schema' object",
-                               "response_format")
-            return json_schema(spec.get("schema", {}))
+        json_schema(spec.get("schema", {}))
     except GraftError as e:
         raise Refused(str(e), "response_format") from None
-    raise Refused("'response_format.type' must be text, json_object or json_schema", "response_format")
+    return spec.get("schema", {})
 
 
 def _tools(body: dict, tagged: bool) -> Tools | None:
@@ -109,7 +122,10 @@ def _tools(body: dict, tagged: bool) -> Tools | None:
     elif choice not in ("none", "auto", "required"):
         raise Refused("'tool_choice' must be none, auto, required or {\"type\": \"function\", ...}",
                        "tool_choice")
-    return None if choice == "none" else Tools(functions, choice, tagged)
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise Refused("'parallel_tool_calls' must be true or false", "parallel_tool_calls")
+    return None if choice == "none" else Tools(functions, choice, tagged, parallel)
 
 
 def _function(tool: Any, i: int) -> dict:

@@ -4,7 +4,8 @@
   and end-to-end tokens per second of turn 2, the cache on against off.
 * ``agents``: requests that share one long agent policy and tool list (benchmarks/agent_policy.md, ~2,000 tokens),
   each with its own question: graft with the prefix and response caches against ar without them, ar with the
-  prefix cache and graft without it; end-to-end tokens per second, and a hit's time to first token against a miss's.
+  prefix cache and graft without it, each question sent to the four in turn; end-to-end tokens per second, and a
+  hit's time to first token against a miss's.
 * ``spec-bench``: Spec-Bench questions, no shared prefixes: graft with the cache on against off (what it costs).
 
 Every pair is checked for the same tokens (greedy). ``--target``/``--draft``: the Qwen pair, for example.
@@ -92,25 +93,31 @@ def chats(args: argparse.Namespace) -> dict:
 
 
 def agents(args: argparse.Namespace) -> dict:
+    """The four runs side by side: each question goes to every run in turn, so that a machine whose speed drifts
+    over the benchmark slows every run alike."""
     policy = POLICY.read_text()
     runs = {"ar": ("ar", False, False), "ar + prefix cache": ("ar", True, False),
             "graft": ("graft", False, False), "graft + prefix + response caches": ("graft", True, True)}
-    out, ids = {}, {}
-    for label, (method, prefix, responses) in runs.items():
-        g = generator(args, method, prefix, responses)
-        done = [timed(g, [{"role": "system", "content": policy}, {"role": "user", "content": q}], args.tokens)
-                for q in (AGENT_QUESTIONS * 4)[: args.questions]]
+    generators = {label: generator(args, *how) for label, how in runs.items()}
+    done: dict[str, list[dict]] = {label: [] for label in runs}
+    for question in (AGENT_QUESTIONS * 4)[: args.questions]:
+        messages = [{"role": "system", "content": policy}, {"role": "user", "content": question}]
+        for label, g in generators.items():
+            done[label].append(timed(g, messages, args.tokens))
+    out = {}
+    for label, g in generators.items():
         g.close()
-        out[label], ids[label] = summary(done), [r["ids"] for r in done]
-        if prefix:  # the first request misses, the rest hit the policy
-            out[label]["ttft_miss_s"] = round(done[0]["ttft"], 3)
-            out[label]["ttft_hit_s"] = round(sum(r["ttft"] for r in done[1:]) / max(1, len(done) - 1), 3)
+        out[label] = summary(done[label])
+        if runs[label][1]:  # the first request misses, the rest hit the policy
+            out[label]["ttft_miss_s"] = round(done[label][0]["ttft"], 3)
+            out[label]["ttft_hit_s"] = round(sum(r["ttft"] for r in done[label][1:]) / max(1, args.questions - 1), 3)
     base = out["ar"]["tokens_per_s"]
     for label in runs:
         out[label]["speedup_vs_ar"] = round(out[label]["tokens_per_s"] / base, 2)
     out["graft + caches vs ar + prefix cache"] = round(out["graft + prefix + response caches"]["tokens_per_s"]
                                                        / out["ar + prefix cache"]["tokens_per_s"], 2)
-    out["identical"] = all(v == ids["ar"] for v in ids.values())
+    ids = [[r["ids"] for r in runs_done] for runs_done in done.values()]
+    out["identical"] = all(v == ids[0] for v in ids)
     return out
 
 

@@ -29,9 +29,17 @@ def test_settings_from_environment_and_file(tmp_path):
     file = tmp_path / "graft.toml"
     file.write_text('retrievers = ["prompt", "responses"]\nmin_score = 0.5\n[options]\n"prompt.max_match" = 4\n')
     settings = read({"GRAFT_VLLM_CONFIG": str(file), "GRAFT_VLLM_MIN_SCORE": "0.25"})
-    assert settings == Settings(("prompt", "responses"), {"prompt.max_match": "4"}, 0.25, 1.0, 32)
+    options = {"prompt.min_match": "2", "prompt.max_match": "4"}
+    assert settings == Settings(("prompt", "responses"), options, 0.25, 2.0, 32)
     assert read({"GRAFT_VLLM_DATASTORE": "docs"}).retrievers == ("prompt", "responses", "suffix-array")
-    assert read({"GRAFT_VLLM_DATASTORE": "docs"}).options == {"datastore": "docs"}
+    assert read({"GRAFT_VLLM_DATASTORE": "docs"}).options == {
+        "prompt.min_match": "2", "suffix-array.min_match": "4", "datastore": "docs"}
+
+
+def test_shortest_matches_default_per_named_retriever_and_give_way():
+    assert read({"GRAFT_VLLM_RETRIEVERS": "responses"}).options == {}  # no default a retriever would not read
+    given = read({"GRAFT_VLLM_RETRIEVERS": "prompt", "GRAFT_VLLM_OPTIONS": "prompt.min_match=1"})
+    assert given.options == {"prompt.min_match": "1"}
 
 
 @pytest.mark.parametrize("environ, message", [
@@ -79,7 +87,7 @@ def test_min_score_cuts_the_chain_and_min_expected_withholds_it():
 def test_state_is_per_request_and_freed():
     chains = proposer()
     chains.start("a", TEXT + [5], [6])
-    assert chains.start("b", [40, 41, 42, 40], [41]) == [42, 40, 41]  # b's own prompt, nothing of a's
+    assert chains.start("b", [40, 41, 42, 43, 44, 40], [41]) == [42, 43, 44, 40]  # b's own prompt, nothing of a's
     chains.finish("a")
     assert "a" not in chains and "b" in chains
 

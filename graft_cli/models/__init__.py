@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from graft_cli.models.decoder import CausalLM
+from graft_cli.models.decoder import FUSED, CausalLM
 from graft_cli.models.families import family
 from graft_cli.models.weights import read_weights
 
@@ -29,8 +29,8 @@ def own_model(config: Any, directory: Path, dtype: torch.dtype, generation: Any 
         raise ValueError(f"graft's own forward does not serve {getattr(config, 'model_type', None)} models")
     with torch.device("meta"):
         model = CausalLM(config, served)
-    weights = {name: tensor.to(dtype) if tensor.is_floating_point() else tensor
-               for name, tensor in read_weights(directory).items()}
+    weights = stacked({name: tensor.to(dtype) if tensor.is_floating_point() else tensor
+                       for name, tensor in read_weights(directory).items()}, len(model.model.layers))
     if "lm_head.weight" not in weights and getattr(config, "tie_word_embeddings", False):
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
     missing = model.load_state_dict(weights, strict=False, assign=True).missing_keys
@@ -40,3 +40,14 @@ def own_model(config: Any, directory: Path, dtype: torch.dtype, generation: Any 
         model.lm_head.weight = model.model.embed_tokens.weight
     model.generation_config = generation
     return model.eval().requires_grad_(False)
+
+
+def stacked(weights: dict[str, torch.Tensor], layers: int) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors with each layer's ``FUSED`` projections stacked into one (weights and biases)."""
+    for i in range(layers):
+        for fused, parts in FUSED.items():
+            for kind in ("weight", "bias"):
+                names = [f"model.layers.{i}.{part}.{kind}" for part in parts]
+                if all(name in weights for name in names):
+                    weights[f"model.layers.{i}.{fused}.{kind}"] = torch.cat([weights.pop(name) for name in names])
+    return weights

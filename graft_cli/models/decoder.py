@@ -8,7 +8,8 @@ layer is the dozen tensor operations its arithmetic needs. It runs behind the sa
 transformers model (``model(input_ids=..., position_ids=..., attention_mask=..., cache=..., visible=...)``, with
 graft's :class:`~graft_cli.runtime.kv_cache.PositionCache`), so every engine path (trees, the fixed-shape path,
 the prefix cache, EAGLE-3's hidden states) works unchanged; its parameters carry transformers' names, so a
-checkpoint loads as it is and the CPU's packed linears (graft_cli/runtime/cpu_linear.py) switch its layers alike.
+checkpoint loads as it is (the projections a layer reads of one input stacked into one weight: ``FUSED``) and the
+CPU's packed linears (graft_cli/runtime/cpu_linear.py) switch its layers alike.
 
 What it computes is transformers' arithmetic in the same order, so outputs agree within float tolerance (the tests
 compare logits); greedy tokens are identical to plain decoding with the same forward, which is graft's contract.
@@ -46,6 +47,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused kernel, the same sums
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -76,25 +79,31 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+FUSED = {  # a projection of this forward: the checkpoint's projections it stacks (their outputs side by side)
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
 class Attention(nn.Module):
+    """Grouped-query attention; the query, key and value projections are one linear (``FUSED``): one weight
+    stream and one kernel call instead of three."""
+
     def __init__(self, config: Any, family: Family) -> None:
         super().__init__()
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.scaling = self.head_dim ** -0.5
-        width, qkv_bias = config.hidden_size, family.qkv_bias(config)
-        self.q_proj = nn.Linear(width, self.heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=qkv_bias)
+        width = config.hidden_size
+        self.qkv_proj = nn.Linear(width, (self.heads + 2 * self.kv_heads) * self.head_dim, bias=family.qkv_bias(config))
         self.o_proj = nn.Linear(self.heads * self.head_dim, width, bias=family.out_bias(config))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                 layer: Any, visible: int | None) -> torch.Tensor:
         batch, rows, _ = x.shape
-        q = self.q_proj(x).view(batch, rows, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, rows, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, rows, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        qkv = self.qkv_proj(x).view(batch, rows, self.heads + 2 * self.kv_heads, self.head_dim).transpose(1, 2)
+        qk = rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)  # queries and keys rotate together
+        q, k, v = qk[:, : self.heads], qk[:, self.heads :], qkv[:, self.heads + self.kv_heads :]
         if layer is not None:  # the cache keeps the rows and hands back every key the rows may see
             k, v = layer.update(k, v)
         out = attend(q, k, v, mask, visible, self.scaling)
@@ -102,15 +111,17 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """SwiGLU; the gate and up projections are one linear (``FUSED``)."""
+
     def __init__(self, config: Any, family: Family) -> None:
         super().__init__()
         bias = family.mlp_bias(config)
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

@@ -93,3 +93,22 @@ def test_load_model_chooses_the_forward_and_refuses_what_it_cannot_run(tmp_path)
                                                              sliding_window=64), word_tokenizer())
     with pytest.raises(GraftError, match="--forward own"):
         load_model(str(sliding), "cpu", forward="own")
+
+
+@pytest.mark.real_model
+def test_the_default_model_decodes_transformers_tokens_with_ar_and_graft():
+    """SmolLM2 through graft's forward: ``ar`` and ``graft`` give the tokens transformers' ``generate`` gives."""
+    from graft_cli.method import builder as methods
+    from graft_cli.runtime.engine import decode
+    from graft_cli.runtime.loading import encode, stop_ids
+    from graft_cli.runtime.sampling import Sampling
+
+    reference = load_model("smollm2-135m-instruct", "cpu", forward="transformers")
+    own = load_model("smollm2-135m-instruct", "cpu", forward="own")
+    ids = encode(own.tokenizer, "Write a Python function that reverses a string.")
+    with torch.inference_mode():
+        want = reference.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=32)[0, len(ids):]
+    for method in ("ar", "graft"):
+        proposer = methods.build(methods.MethodConfig(method), own)
+        steps = decode(Target(own.model), proposer, ids, Sampling(), 32, stop_ids(own), None)
+        assert [t for step in steps for t in step] == want.tolist(), method

@@ -19,9 +19,6 @@ queries, this is transformers' SDPA attention, unchanged, so the model can be sh
 from __future__ import annotations
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from graft_cli.models.attention import split, splittable
 from graft_cli.runtime.limits import limits
@@ -36,6 +33,8 @@ def split_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     out. ``visible``: how many leading keys every query row sees (the mask's first ``visible`` columns are all
     zero)."""
     if not splittable(query, visible) or dropout or kwargs.get("softcap") is not None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward  # lazy: as below
+
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     return split(query, key, value, attention_mask, visible, scaling).transpose(1, 2).contiguous(), None
 
@@ -46,6 +45,10 @@ def use_split_attention(model: torch.nn.Module) -> bool:
     with sliding or chunked attention windows (their masks hide part of the prefix)."""
     if model.config._attn_implementation != "sdpa" or limits(model.config).window is not None:
         return False
+    # lazy: importing transformers' model machinery costs seconds, and graft's own forward never needs it
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
     if NAME not in AttentionInterface._global_mapping:
         AttentionInterface.register(NAME, split_attention)
         AttentionMaskInterface.register(NAME, sdpa_mask)

@@ -22,7 +22,7 @@ from graft_cli.core.threads import use_threads
 from graft_cli.method import builder as methods
 from graft_cli.method.config import MethodConfig, configure
 from graft_cli.runtime.fixed_target import use_graphs
-from graft_cli.runtime.loading import load_model, parse_device_map
+from graft_cli.runtime.loading import check_forward, load_model, parse_device_map
 from graft_cli.runtime.prefix_cache import PREFIX_CACHE_MIB
 from graft_cli.runtime.target import Progress
 
@@ -41,6 +41,7 @@ def open_generator(model: str, config: MethodConfig, device: str = "auto", dtype
     methods.check(config)
     methods.check_datastore(config)
     use_graphs(graphs, "cpu")  # a bad value fails here, before the model loads
+    check_forward(forward)
     use_threads(threads)
     loaded = load_model(model, device, dtype, parse_device_map(device_map), forward=forward)
     return Generator(loaded, config, prefill_chunk, progress, graphs, prefix_cache)

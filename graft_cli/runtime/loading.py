@@ -139,13 +139,18 @@ def own_forward(forward: str, config: Any, device: str, device_map: object) -> b
     """``--forward``: whether graft's own modules run the model (graft_cli/models) rather than transformers'.
     ``own`` asks for them (a model they cannot run is refused), ``transformers`` never, ``auto`` where they serve
     the model and ``OWN_BY_DEFAULT`` says they have proven faster."""
-    if forward not in FORWARDS:
-        raise GraftError(f"unknown --forward '{forward}' (use {', '.join(FORWARDS)})")
+    check_forward(forward)
     fits = servable(config, device, device_map)
     if forward == "own" and not fits:
         raise GraftError("--forward own: graft's own forward runs Llama and Qwen2 models whole on a CPU; "
                          "use --forward transformers for this one")
     return fits and (forward == "own" or (forward == "auto" and OWN_BY_DEFAULT))
+
+
+def check_forward(forward: str) -> None:
+    """A ``--forward`` value graft knows, or a one-line error (before anything loads)."""
+    if forward not in FORWARDS:
+        raise GraftError(f"unknown --forward '{forward}' (use {', '.join(FORWARDS)})")
 
 
 def generation_config(path: Path) -> Any:

@@ -85,8 +85,11 @@ def test_the_split_attention_and_the_fixed_shape_path_decode_the_same_tokens(pai
 
 def test_load_model_chooses_the_forward_and_refuses_what_it_cannot_run(tmp_path):
     folder = save_model_dir(tmp_path / "tiny", tiny_model("qwen2", seed=5), word_tokenizer())
-    assert type(load_model(str(folder), "cpu", forward="own").model).__module__ == "graft_cli.models.decoder"
-    assert type(load_model(str(folder), "cpu", forward="transformers").model).__module__.startswith("transformers")
+    own, reference = (load_model(str(folder), "cpu", forward=f).model for f in ("own", "transformers"))
+    assert type(own).__module__ == "graft_cli.models.decoder"
+    assert type(reference).__module__.startswith("transformers")
+    ids = prompt(20, seed=4)  # packed for the CPU (the stacked weights' plain copies released): the same tokens
+    assert tokens(Target(own), GraftProposer(0), ids, 20) == tokens(Target(reference), GraftProposer(0), ids, 20)
     with pytest.raises(GraftError, match="--forward"):
         load_model(str(folder), "cpu", forward="fast")
     sliding = save_model_dir(tmp_path / "sliding", tiny_model("qwen2", seed=5, use_sliding_window=True,

@@ -29,7 +29,8 @@ from graft_cli.catalog.resolve import resolve_model
 from graft_cli.core import GraftError
 from graft_cli.core.cpu_units import cpu_units
 from graft_cli.models import FORWARDS, own_model, servable
-from graft_cli.runtime.cpu_linear import use_cpu_linears
+from graft_cli.models.decoder import FUSED
+from graft_cli.runtime.cpu_linear import CpuLinear, use_cpu_linears
 from graft_cli.runtime.limits import Limits, limits
 from graft_cli.runtime.target import input_device
 
@@ -132,7 +133,18 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map:
     # the faster CPU linear kernels (cpu_linear.py); a sharded model's modules belong to accelerate
     if device == "cpu" and device_map is None and fast_cpu and next(model.parameters()).dtype == torch.float32:
         use_cpu_linears(model)
+        if own:
+            release_stacked(model)
     return Loaded(model, tokenizer, Path(path), spec)
+
+
+def release_stacked(model: torch.nn.Module) -> None:
+    """Drop the plain weights of graft's own forward's stacked projections once packed: stacking made them new
+    copies (the checkpoint's own tensors are memory-mapped), and nothing but the packed copy is read of them (other
+    code reads only the embeddings and the LM head), so the forward holds no more memory than transformers'."""
+    for name, module in model.named_modules():
+        if isinstance(module, CpuLinear) and module.packed is not None and name.endswith(tuple(FUSED)):
+            module.weight = torch.nn.Parameter(module.weight.new_empty(0), requires_grad=False)
 
 
 def own_forward(forward: str, config: Any, device: str, device_map: object) -> bool:

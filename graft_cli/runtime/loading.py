@@ -100,8 +100,8 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map:
     """A catalog name, a local path (HF directory or .gguf) or a hub id to a ready model on ``device``, or sharded by
     ``device_map`` (accelerate's placement; see the module docstring). ``fast_cpu``: the CPU kernels below
     (training packs its own: whether weights get packed here depends on free memory, and a resumed run must compute
-    the same bits as the run it continues). ``forward``: whose modules run it (:func:`own_forward`); transformers' unless
-asked, since callers such as ``graft bench``'s peers call transformers' own methods (``generate``) on the model."""
+    the same bits as the run it continues). ``forward``: whose modules run it (:func:`own_forward`); transformers'
+    unless asked, since callers such as ``graft bench``'s peers call transformers' methods (``generate``) on it."""
     device = pick_device(device)
     torch_dtype = pick_dtype(dtype, device)
     if device == "cpu" and torch_dtype == torch.bfloat16 and not cpu_units().bf16:

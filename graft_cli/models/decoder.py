@@ -60,7 +60,8 @@ class Rotary:
     fp32 products), looked up instead of recomputed every forward."""
 
     def __init__(self, head_dim: int, theta: float) -> None:
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+        self.inv_freq = 1.0 / (theta ** exponents)
         self.cos = self.sin = torch.empty(0, head_dim, device="cpu")
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

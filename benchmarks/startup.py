@@ -1,6 +1,6 @@
 """How long ``graft generate "Hi" -n 1`` takes from a cold process to its answer, and where the time goes.
 
-    python -m benchmarks.startup [--model smollm2-135m-instruct] [--runs 3]
+    python -m benchmarks.startup [--model smollm2-135m-instruct] [--runs 3] [--forward auto|own|transformers]
 
 Two views: the whole command run ``--runs`` times (wall seconds, and the CPU seconds it used, which a machine
 shared with other work inflates less), then one process timing its phases in order on the process's CPU clock:
@@ -24,21 +24,22 @@ marks = [("start", time.perf_counter(), clock())]
 def mark(name):
     marks.append((name, time.perf_counter(), clock()))
 import torch; mark("import torch")
-import transformers.modeling_utils; mark("import transformers' models")
-from graft_cli.api import open_generator; from graft_cli.method.config import configure; mark("import graft")
-g = open_generator({model!r}, configure("graft"), threads=1); mark("load the model")
+{models}from graft_cli.api import open_generator; from graft_cli.method.config import configure; mark("import graft")
+g = open_generator({model!r}, configure("graft"), threads=1, forward={forward!r}); mark("load the model")
 g.generate("Hi", max_new_tokens=1); mark("first token")
 for (_, w0, c0), (name, w1, c1) in zip(marks, marks[1:]):
     print(f"{{name:<28}} {{w1 - w0:6.2f}} s wall {{c1 - c0:6.2f}} s CPU")
 """
+MODELS = """import transformers.modeling_utils; mark("import transformers' models")\n"""  # graft's own forward: never
 
 
-def whole_command(model: str, runs: int) -> None:
+def whole_command(model: str, runs: int, forward: str) -> None:
     graft = os.path.join(os.path.dirname(sys.executable), "graft")
     for _ in range(runs):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        subprocess.run([graft, "generate", "Hi", "-n", "1", "--model", model, "--threads", "1"], check=True,
+        subprocess.run([graft, "generate", "Hi", "-n", "1", "--model", model, "--threads", "1",
+                        "--forward", forward], check=True,
                        capture_output=True)
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -50,11 +51,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--forward", default="auto", help="whose modules run the model (graft's --forward)")
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    whole_command(args.model, args.runs)
+    whole_command(args.model, args.runs, args.forward)
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TRANSFORMERS_VERBOSITY="error")
-    subprocess.run([sys.executable, "-c", PHASES.format(model=args.model)], check=True, env=env)
+    subprocess.run([sys.executable, "-c", PHASES.format(model=args.model, forward=args.forward, models=MODELS if args.forward != "own" else "")], check=True, env=env)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from graft_cli.models import attention as split_kernel
 from graft_cli.runtime import attention
 from plugins.draft_model import DraftModelDrafter
 from graft_cli.drafting.proposer import GraftProposer
@@ -23,7 +24,7 @@ class Grouped(torch.nn.Module):
 
 @pytest.mark.parametrize("tail", ["causal", "bool", "float"])
 def test_split_equals_sdpa_over_the_full_mask(tail, monkeypatch):
-    monkeypatch.setattr(attention, "SPLIT_FROM", 1)
+    monkeypatch.setattr(split_kernel, "SPLIT_FROM", 1)
     gen = torch.Generator().manual_seed(0)
     rows, visible = 7, 40
     query = torch.randn(1, 6, rows, 16, generator=gen)
@@ -63,7 +64,7 @@ def test_trees_and_chunks_through_the_split_decode_what_plain_decoding_does(kind
     model, draft = tiny_model(kind, seed=3), tiny_model(kind, seed=4)
     prompt = np.random.default_rng(5).integers(0, VOCAB, 90).tolist()
     truth = tokens(Target(model), GraftProposer(0), prompt, 60)
-    monkeypatch.setattr(attention, "SPLIT_FROM", 8)
+    monkeypatch.setattr(split_kernel, "SPLIT_FROM", 8)
     assert tokens(Target(model, chunk=32), OracleTreeProposer(truth, len(prompt), 1, "mixed"), prompt, 60) == truth
     drafter = DraftModelDrafter(draft, VOCAB, depth=4, top_k=3)
     assert tokens(Target(model, chunk=32), GraftProposer(12, drafter=drafter), prompt, 60) == truth

@@ -14,7 +14,7 @@ import typer
 from graft_cli.catalog.entries import DEFAULT_MODEL
 from graft_cli.core.defaults import PREFIX_CACHE_MIB
 from graft_cli.cli.options import (
-    AdjacencyFile, Budget, Chain, Datastore, Depth, Device, DeviceMap, Draft, DraftAhead, DraftTopK, DraftVocab,
+    AdjacencyFile, Budget, Chain, Datastore, Depth, Device, DeviceMap, Forward, Draft, DraftAhead, DraftTopK, DraftVocab,
     DraftWeights, DraftWindow, Dtype, Graphs, MaxNewTokens, Method, Model, PrefillChunk, PrefixCache, PruneAt,
     RetrieverOpt, Retrievers, RopeTheta, Threads, TreeShape, Truncate, method_config,
 )
@@ -62,6 +62,7 @@ def generate(
     device: Device = "auto",
     dtype: Dtype = "auto",
     device_map: DeviceMap = None,
+    forward: Forward = "auto",
     truncate: Truncate = None,
     stats: bool = typer.Option(False, "--stats", rich_help_panel=OUTPUT, help="Print decoding statistics to stderr."),
     prefill_chunk: PrefillChunk = 512,
@@ -94,7 +95,7 @@ def generate(
                     seed=seed if seed is not None else random.randrange(2**31), stop=[unescape(s) for s in stop], raw=raw,
                     truncate=truncate, grammar=grammar)  # one seed for the whole run: a batch's lines sample as they would alone
     generator = open_generator(model, config, device, dtype, device_map, prefill_chunk, PrefillBar(), graphs,
-                               threads=threads, prefix_cache=prefix_cache)
+                               threads=threads, prefix_cache=prefix_cache, forward=forward)
     try:
         if jsonl:
             _run_jsonl(generator, lines, settings, stats)

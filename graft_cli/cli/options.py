@@ -40,6 +40,10 @@ Device = Annotated[str, typer.Option("--device", rich_help_panel=DEVICE, help="a
 Dtype = Annotated[str, typer.Option(
     "--dtype", rich_help_panel=DEVICE,
     help="auto (float32 on CPU, bfloat16 on CUDA where the card has it, else float16), float32, bfloat16 or float16.")]
+Forward = Annotated[str, typer.Option(
+    "--forward", rich_help_panel=DEVICE,
+    help="Whose modules run the model: own (graft's, for Llama and Qwen2 on a CPU), transformers, or auto (own "
+         "where it serves the model and has proven faster; docs/models.md).")]
 DeviceMap = Annotated[Optional[str], typer.Option(
     "--device-map", rich_help_panel=DEVICE,
     help="Shard a model larger than one GPU through accelerate: auto (GPUs, then CPU, then disk), balanced, "

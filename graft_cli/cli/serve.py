@@ -11,7 +11,7 @@ import typer
 from graft_cli.catalog.entries import DEFAULT_MODEL
 from graft_cli.core.defaults import PREFIX_CACHE_MIB
 from graft_cli.cli.options import (
-    AdjacencyFile, Budget, Chain, Datastore, Depth, Device, DeviceMap, Draft, DraftAhead, DraftTopK, DraftVocab,
+    AdjacencyFile, Budget, Chain, Datastore, Depth, Device, DeviceMap, Forward, Draft, DraftAhead, DraftTopK, DraftVocab,
     DraftWeights, DraftWindow, Dtype, Graphs, MaxNewTokens, Method, Model, PrefillChunk, PrefixCache, PruneAt,
     RetrieverOpt, Retrievers, RopeTheta, Threads, TreeShape, Truncate, method_config,
 )
@@ -42,6 +42,7 @@ def serve(
     device: Device = "auto",
     dtype: Dtype = "auto",
     device_map: DeviceMap = None,
+    forward: Forward = "auto",
     truncate: Truncate = None,
     prefill_chunk: PrefillChunk = 512,
     graphs: Graphs = "auto",
@@ -64,7 +65,7 @@ def serve(
         config = with_response_cache(config)
     sock = bind(host, port)  # a port in use is one line before the model loads, and "serving" is said once bound
     generator = open_generator(model, config, device, dtype, device_map, prefill_chunk, graphs=graphs,
-                               threads=threads, prefix_cache=prefix_cache)
+                               threads=threads, prefix_cache=prefix_cache, forward=forward)
     name = served_name or model
     service = Service(generator, name, max_queue, max_new_tokens, api_key, truncate)
     shown = "every interface" if host in ("0.0.0.0", "::") else host

@@ -19,15 +19,11 @@ queries, this is transformers' SDPA attention, unchanged, so the model can be sh
 from __future__ import annotations
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from graft_cli.models.attention import split, splittable
 from graft_cli.runtime.limits import limits
 
 NAME = "graft_split"
-SPLIT_FROM = 1024  # visible keys below which the split's extra kernels cost more than they save (measured)
-_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
 def split_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -36,30 +32,11 @@ def split_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     """transformers' attention-function signature; ``[batch, heads, rows, dim]`` in, ``[batch, rows, heads, dim]``
     out. ``visible``: how many leading keys every query row sees (the mask's first ``visible`` columns are all
     zero)."""
-    rows = query.shape[2]
-    if (visible is None or visible < SPLIT_FROM or rows == 1 or query.device.type != "cpu" or dropout
-            or query.dtype != torch.float32 or kwargs.get("softcap") is not None):
+    if not splittable(query, visible) or dropout or kwargs.get("softcap") is not None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward  # lazy: as below
+
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    batch, heads, _, dim = query.shape
-    groups = heads // key.shape[1]
-    folded = query.reshape(batch, key.shape[1], groups * rows, dim)  # head h = group h // groups, row-major
-    seen, seen_lse = _flash(folded, key[:, :, :visible], value[:, :, :visible], scale=scaling)
-    seen, seen_lse = seen.reshape(batch, heads, rows, dim), seen_lse.reshape(batch, heads, rows)
-    if visible == key.shape[2]:
-        out = seen
-    else:
-        tail_keys = key[:, :, visible:].repeat_interleave(groups, dim=1)
-        tail_values = value[:, :, visible:].repeat_interleave(groups, dim=1)
-        if attention_mask is None:  # causal over the tail: the rows are the tail's own positions
-            tail, tail_lse = _flash(query, tail_keys, tail_values, is_causal=True, scale=scaling)
-        else:
-            mask = attention_mask[..., -rows:, visible:]
-            if mask.dtype == torch.bool:
-                mask = torch.zeros(mask.shape, dtype=query.dtype).masked_fill_(~mask, torch.finfo(query.dtype).min)
-            tail, tail_lse = _flash(query, tail_keys, tail_values, attn_mask=mask, scale=scaling)
-        total = torch.logaddexp(seen_lse, tail_lse)
-        out = seen * (seen_lse - total).exp().unsqueeze(-1) + tail * (tail_lse - total).exp().unsqueeze(-1)
-    return out.transpose(1, 2).contiguous(), None
+    return split(query, key, value, attention_mask, visible, scaling).transpose(1, 2).contiguous(), None
 
 
 def use_split_attention(model: torch.nn.Module) -> bool:
@@ -68,6 +45,10 @@ def use_split_attention(model: torch.nn.Module) -> bool:
     with sliding or chunked attention windows (their masks hide part of the prefix)."""
     if model.config._attn_implementation != "sdpa" or limits(model.config).window is not None:
         return False
+    # lazy: importing transformers' model machinery costs seconds, and graft's own forward never needs it
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
     if NAME not in AttentionInterface._global_mapping:
         AttentionInterface.register(NAME, split_attention)
         AttentionMaskInterface.register(NAME, sdpa_mask)

@@ -28,11 +28,14 @@ from transformers.utils import logging as hf_logging
 from graft_cli.catalog.resolve import resolve_model
 from graft_cli.core import GraftError
 from graft_cli.core.cpu_units import cpu_units
-from graft_cli.runtime.cpu_linear import use_cpu_linears
+from graft_cli.models import FORWARDS, own_model, servable
+from graft_cli.models.decoder import FUSED
+from graft_cli.runtime.cpu_linear import CpuLinear, use_cpu_linears
 from graft_cli.runtime.limits import Limits, limits
 from graft_cli.runtime.target import input_device
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+OWN_BY_DEFAULT = False  # --forward auto: graft's own forward where it serves the model (docs/models.md)
 
 
 @dataclass
@@ -93,11 +96,12 @@ def parse_device_map(text: str | None) -> str | dict | None:
 
 
 def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map: str | dict | None = None,
-               fast_cpu: bool = True) -> Loaded:
+               fast_cpu: bool = True, forward: str = "transformers") -> Loaded:
     """A catalog name, a local path (HF directory or .gguf) or a hub id to a ready model on ``device``, or sharded by
     ``device_map`` (accelerate's placement; see the module docstring). ``fast_cpu``: the CPU kernels below
     (training packs its own: whether weights get packed here depends on free memory, and a resumed run must compute
-    the same bits as the run it continues)."""
+    the same bits as the run it continues). ``forward``: whose modules run it (:func:`own_forward`); transformers'
+    unless asked, since callers such as ``graft bench``'s peers call transformers' methods (``generate``) on it."""
     device = pick_device(device)
     torch_dtype = pick_dtype(dtype, device)
     if device == "cpu" and torch_dtype == torch.bfloat16 and not cpu_units().bf16:
@@ -114,10 +118,14 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map:
         placement = {}
         if device_map is not None:  # weights that fit nowhere else go to disk, under the temp directory
             placement = dict(device_map=device_map, offload_folder=os.path.join(tempfile.gettempdir(), "graft-offload"))
+        own = own_forward(forward, config, device, device_map)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa",
-                                                         local_files_only=True, **placement)
+            if own:
+                model = own_model(config, Path(path), torch_dtype, generation_config(Path(path)))
+            else:
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa",
+                                                             local_files_only=True, **placement)
         except Exception as e:  # corrupt weights, missing files, unsupported architecture, a bad device map
             raise GraftError(f"cannot load model from {path}: {_first_line(e)}") from e
     if device_map is None:
@@ -126,7 +134,45 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map:
     # the faster CPU linear kernels (cpu_linear.py); a sharded model's modules belong to accelerate
     if device == "cpu" and device_map is None and fast_cpu and next(model.parameters()).dtype == torch.float32:
         use_cpu_linears(model)
+        if own:
+            release_stacked(model)
     return Loaded(model, tokenizer, Path(path), spec)
+
+
+def release_stacked(model: torch.nn.Module) -> None:
+    """Drop the plain weights of graft's own forward's stacked projections once packed: stacking made them new
+    copies (the checkpoint's own tensors are memory-mapped), and nothing but the packed copy is read of them (other
+    code reads only the embeddings and the LM head), so the forward holds no more memory than transformers'."""
+    for name, module in model.named_modules():
+        if isinstance(module, CpuLinear) and module.packed is not None and name.endswith(tuple(FUSED)):
+            module.weight = torch.nn.Parameter(module.weight.new_empty(0), requires_grad=False)
+
+
+def own_forward(forward: str, config: Any, device: str, device_map: object) -> bool:
+    """``--forward``: whether graft's own modules run the model (graft_cli/models) rather than transformers'.
+    ``own`` asks for them (a model they cannot run is refused), ``transformers`` never, ``auto`` where they serve
+    the model and ``OWN_BY_DEFAULT`` says they have proven faster."""
+    check_forward(forward)
+    fits = servable(config, device, device_map)
+    if forward == "own" and not fits:
+        raise GraftError("--forward own: graft's own forward runs Llama and Qwen2 models whole on a CPU; "
+                         "use --forward transformers for this one")
+    return fits and (forward == "own" or (forward == "auto" and OWN_BY_DEFAULT))
+
+
+def check_forward(forward: str) -> None:
+    """A ``--forward`` value graft knows, or a one-line error (before anything loads)."""
+    if forward not in FORWARDS:
+        raise GraftError(f"unknown --forward '{forward}' (use {', '.join(FORWARDS)})")
+
+
+def generation_config(path: Path) -> Any:
+    """The model directory's generation config (its stop tokens), None where it has none."""
+    if not (path / "generation_config.json").exists():
+        return None
+    from transformers import GenerationConfig  # only graft's own forward needs it apart from the model
+
+    return GenerationConfig.from_pretrained(path, local_files_only=True)
 
 
 @contextmanager

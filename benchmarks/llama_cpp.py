@@ -25,14 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.llama_cpp_build import LlamaCpp, build, find_sdist, gguf_files
-from benchmarks.llama_cpp_output import (OutputError, Row, Timing, completion_timing, first_difference,
-                                         generated_text, lookup_timing, prompt_ids, table, bench_rates)
+from benchmarks.llama_cpp_output import (OutputError, Row, Timing, bench_rates, completion_timing, first_difference,
+                                         generated_text, lookup_timing, prompt_ids, table)
 from graft_cli.core import GraftError
 from graft_cli.core.cpu_units import cpu_units
 from graft_cli.core.threads import available_cores, sleep_while_waiting
 
-# one question from each of these Spec-Bench categories, in this order, as many as --questions asks
-CATEGORIES = ("coding", "summarization", "writing", "rag", "math_reasoning", "translation", "qa", "extraction",
+# one question from each of these Spec-Bench categories, in this order, as many as --questions asks: the first
+# eight's prompts run from 40 to 769 tokens, the short ones first (a quick look with --questions 2 stays quick)
+CATEGORIES = ("coding", "writing", "translation", "qa", "math_reasoning", "extraction", "summarization", "rag",
               "reasoning", "stem", "roleplay", "humanities", "math")
 WEIGHTS = ("F32", "Q8_0")
 CONTEXT = 4096  # llama.cpp's context: the longest prompt chosen plus its answer fit
@@ -141,7 +142,7 @@ def thread_rows(runner: LlamaRunner, loaded, chosen: list[Prompt], threads: int,
     generators = graft_generators(loaded, threads)
     llama_rows = {(tool, w): Row("llama.cpp" if tool == "llama-completion" else "llama-lookup", w, threads)
                   for tool in ("llama-completion", "llama-lookup") for w in WEIGHTS}
-    graft_rows = {m: Row(f"graft {m}", "F32", threads) for m in generators}
+    graft_rows = {m: Row("graft ar" if m == "ar" else "graft", "F32", threads) for m in generators}
     texts: dict = {"questions": [], "graft_tokens_equal_ar": 0}
     for prompt in chosen:
         ar_timing, ar_text, ar_ids = graft_run(generators["ar"], prompt, n)
@@ -176,10 +177,7 @@ def llama_bench(llama: LlamaCpp, files: dict[str, Path], threads: list[int], n: 
     done = subprocess.run(args, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=900)
     if done.returncode != 0:
         raise GraftError(f"llama-bench exited {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1]}")
-    rates = bench_rates(done.stdout)
-    for r in rates:
-        r["weights"] = "Q8_0" if "Q8" in r["weights"].upper() else "F32" if "F32" in r["weights"].upper() else r["weights"]
-    return rates
+    return bench_rates(done.stdout)
 
 
 def header(llama: LlamaCpp, args: argparse.Namespace, threads: list[int]) -> dict:

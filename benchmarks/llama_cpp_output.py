@@ -109,7 +109,8 @@ def generated_text(stdout: str, tool: str, prompt: str, eos: str) -> str:
 
 
 def bench_rates(json_text: str) -> list[dict]:
-    """``llama-bench -o json``: one record per test, as (weights, threads, test, tokens/s)."""
+    """``llama-bench -o json``: one record per test, as (weights, threads, test, tokens/s); the weights are the
+    last word of its model type (``llama ?B all F32``: F32)."""
     try:
         records = json.loads(json_text)
     except json.JSONDecodeError as e:
@@ -142,7 +143,7 @@ def table(rows: list[Row], bench: list[dict], questions: int) -> str:
         if r.missing:
             lines.append(f"| {r.engine} | {r.weights} | {r.threads} | missing: {r.missing} | | | | |")
             continue
-        base = plain.get((r.weights if r.weights != "fp32" else "F32", r.threads))
+        base = plain.get((r.weights, r.threads))
         q8 = plain.get(("Q8_0", r.threads))
         ratio = f"{r.decode_tok_s / base:.2f}x" if base else "-"
         vs_q8 = f"{r.decode_tok_s / q8:.2f}x" if q8 and r.weights != "Q8_0" else "-"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 PERF = re.compile(r"prompt eval time =\s*(?P<p_ms>[\d.]+) ms /\s*(?P<p_n>\d+) tokens.*?"
                   r"\beval time =\s*(?P<e_ms>[\d.]+) ms /\s*(?P<e_n>\d+) runs", re.S)
 PROMPT_COUNT = re.compile(r"number of tokens in prompt = (\d+)")
-PROMPT_ID = re.compile(r"^\s*(\d+) -> '", re.M)
+PROMPT_ID = re.compile(r"^(?:[\d.]+ [IWE] )?\s*(\d+) -> '", re.M)  # after the log's time and level, if shown
 LOOKUP = re.compile(r"encoded\s+(?P<p_n>\d+) tokens in\s+(?P<p_s>[\d.]+) seconds.*?"
                     r"decoded\s+(?P<d_n>\d+) tokens in\s+(?P<d_s>[\d.]+) seconds.*?"
                     r"n_drafted\s*=\s*(?P<drafted>\d+).*?n_accept\s*=\s*(?P<accepted>\d+)", re.S)

@@ -12,47 +12,45 @@ from benchmarks.llama_cpp_output import (OutputError, Row, Timing, bench_rates, 
                                          generated_text, lookup_timing, prompt_ids, table)
 from graft_cli.core import GraftError
 
-# llama-completion's stderr with --verbose-prompt, as it prints it (a piece that is a line break spans two lines)
-COMPLETION_ERR = """main: prompt: '<|im_start|>user
-Hi<|im_end|>
+# captured from llama.cpp 11434's tools (the log prefixes each line with its time and level; a piece that is a
+# line break spans two lines), the prompt shortened
+COMPLETION_ERR = """0.00.822.831 I llama_completion: number of tokens in prompt = 4
+0.00.822.844 I      1 -> '<|im_start|>'
+0.00.822.858 I   4093 -> 'user'
+0.00.822.872 I    198 -> '
 '
-main: number of tokens in prompt = 4
-     1 -> '<|im_start|>'
-  4093 -> 'user'
-   198 -> '
-'
- 17830 -> 'Hi'
-
-common_perf_print:    sampling time =       3.01 ms
-common_perf_print:    samplers time =       1.20 ms /    68 tokens
-common_perf_print:        load time =     210.55 ms
-common_perf_print: prompt eval time =      13.45 ms /     4 tokens (    3.36 ms per token,   297.40 tokens per second)
-common_perf_print:        eval time =    2601.10 ms /    63 runs   (   41.29 ms per token,    24.22 tokens per second)
-common_perf_print:       total time =    2650.00 ms /    67 tokens
+0.00.822.885 I  19161 -> 'Write'
+0.00.822.898 I
+0.01.177.118 I common_perf_print:    sampling time =       1.20 ms
+0.01.177.137 I common_perf_print:    samplers time =       0.34 ms /    28 tokens
+0.01.177.152 I common_perf_print:        load time =     384.13 ms
+0.01.177.166 I common_perf_print: prompt eval time =     133.37 ms /     4 tokens (    8.34 ms per token,   119.97 tokens per second)
+0.01.177.180 I common_perf_print:        eval time =    2601.10 ms /    63 runs   (   19.85 ms per token,    50.37 tokens per second)
+0.01.177.193 I common_perf_print:       total time =     354.64 ms /    27 tokens
 """
 
-LOOKUP_ERR = """encoded  120 tokens in    0.311 seconds, speed:  385.852 t/s
-decoded   66 tokens in    2.011 seconds, speed:   32.822 t/s
-
-n_draft      = 16
-n_predict    = 66
-n_drafted    = 48
-t_draft_flat = 0.10 ms
-t_draft      = 1.10 ms, 22.92 us per token, 43636.36 tokens per second
-n_accept     = 30
-accept       = 62.500%
-
+LOOKUP_ERR = """0.01.073.091 I encoded  120 tokens in    0.311 seconds, speed:  385.852 t/s
+0.01.073.111 I decoded   66 tokens in    2.011 seconds, speed:   32.822 t/s
+0.01.073.124 I
+0.01.073.138 I n_draft      = 3
+0.01.073.151 I n_predict    = 66
+0.01.073.164 I n_drafted    = 48
+0.01.073.177 I t_draft_flat = 0.01 ms
+0.01.073.191 I t_draft      = 0.09 ms, 1.88 us per token, 533333.33 tokens per second
+0.01.073.204 I n_accept     = 30
+0.01.073.216 I accept       = 62.500%
+0.01.073.229 I
 target:
 
-common_perf_print: prompt eval time =     300.00 ms /   120 tokens (    2.50 ms per token,   400.00 tokens per second)
-common_perf_print:        eval time =    1900.00 ms /    40 runs   (   47.50 ms per token,    21.05 tokens per second)
+0.01.074.000 I common_perf_print: prompt eval time =     300.00 ms /   120 tokens (    2.50 ms per token,   400.00 tokens per second)
+0.01.074.001 I common_perf_print:        eval time =    1900.00 ms /    40 runs   (   47.50 ms per token,    21.05 tokens per second)
 """
 
 
 def test_completion_timing_and_prompt_tokens_are_read_from_its_closing_lines():
     t = completion_timing(COMPLETION_ERR)
-    assert (t.prompt_tokens, t.prefill_s, t.new_tokens, t.decode_s) == (4, 0.01345, 64, pytest.approx(2.6011))
-    assert prompt_ids(COMPLETION_ERR) == [1, 4093, 198, 17830]
+    assert (t.prompt_tokens, t.prefill_s, t.new_tokens, t.decode_s) == pytest.approx((4, 0.13337, 64, 2.6011))
+    assert prompt_ids(COMPLETION_ERR) == [1, 4093, 198, 19161]
     with pytest.raises(OutputError):
         completion_timing("Illegal instruction")
 

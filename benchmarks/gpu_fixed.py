@@ -21,6 +21,7 @@ through its entry points). gpu_profile.py shows where the device time of a step 
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from dataclasses import replace
 from functools import partial
@@ -52,7 +53,8 @@ from benchmarks.host_time import measure
 
 SIZES = (1, 16, 32, 64, 128)  # tokens a verification feeds, root included
 COMPILED = (1, 64)  # ... on the compiled path by default: on a GPU host each is an inductor compile of the model
-VARIANTS = ("compiled", "on", "off")  # --graphs: each row's paths, side by side
+VARIANTS = ("on", "off", "compiled")  # --graphs: each row's paths, side by side (the compiled last: the slowest
+# to start, so that a run stopped while it compiles has already printed the others' progress)
 NAMES = {"compiled": "compiled", "on": "captured", "off": "eager"}
 GPU_COPY, SMOKE_COPY = 1 << 30, 1 << 24  # bytes the bandwidth is measured over
 
@@ -84,15 +86,15 @@ def compile_note(target: Target) -> str:
 
 def check_fixed_latency(table: Table, model: torch.nn.Module, device: str, scale: Scale, rate: float,
                         compiled: tuple[int, ...]) -> None:
-    """Capture time per bucket, plain decoding against its floor, verification by tree size: compiled (only the
-    ``compiled`` sizes: each is a compilation of the whole model), captured, and eager, side by side."""
+    """Capture time per bucket, plain decoding against its floor, verification by tree size: captured, eager, and
+    compiled (only the ``compiled`` sizes, none: not run; each is a compilation of the whole model)."""
     sync, rng, past, repeats = syncer(device), np.random.default_rng(0), scale.past, scale.repeats
     vocab = model.config.vocab_size
     prompt = rng.integers(0, vocab, past).tolist()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     floor = weights / rate * 1000
     figures, notes = {}, {}
-    for switch in VARIANTS:
+    for switch in VARIANTS if compiled else VARIANTS[:2]:
         target = fixed_target(model, switch, scale.compiler)
         target.prefill(prompt, capacity=past + 4 * 64 + 256)
         step = verify_step(target)
@@ -103,15 +105,17 @@ def check_fixed_latency(table: Table, model: torch.nn.Module, device: str, scale
         ms, kernels = kernel_table(partial(step, Tree(), reset=True), device)
         table.details.setdefault("profile", {})[f"one-token step, {NAMES[switch]}: {ms:.3f} ms"] = kernels
         notes[switch] = compile_note(target)
+        print(f"  {NAMES[switch]} ms: {figures[switch]}", file=sys.stderr, flush=True)  # a run stopped part-way
         if switch == "on":
             captured = {key[1]: s for key, s in target.graphs.seconds.items() if key[0] == "verify"}
             shown = ", ".join(f"{size}: {captured[size]:.2f} s" for size in SIZES if size in captured)
             table.add("fixed capture", None, f"{shown or 'nothing captured (no CUDA)'} per verification bucket; "
                       f"{len(target.graphs.failed)} failed")
-    on, off, fused = figures["on"], figures["off"], figures["compiled"]
+    on, off, fused = figures["on"], figures["off"], figures.get("compiled", {})
+    shown = f"{fused['plain']:.2f} ms = {fused['plain'] / floor:.2f}x{notes['compiled']}" if fused else "not run"
     table.add("fixed plain decoding", None, f"{on['plain']:.2f} ms/token = {on['plain'] / floor:.2f}x the floor "
-              f"({weights / 1e9:.2f} GB of weights at the measured bandwidth: {floor:.2f} ms); compiled "
-              f"{fused['plain']:.2f} ms = {fused['plain'] / floor:.2f}x{notes['compiled']}; eager {off['plain']:.2f}")
+              f"({weights / 1e9:.2f} GB of weights at the measured bandwidth: {floor:.2f} ms); compiled {shown}; "
+              f"eager {off['plain']:.2f}")
     for size in SIZES:
         shown = f"{fused[size]:.2f} ms, {fused[size] / fused[1]:.2f}x one" if size in fused else "not compiled"
         table.add(f"fixed verify {size} tokens", None, f"{on[size]:.2f} ms, {on[size] / on[1]:.2f}x one token; "
@@ -165,13 +169,14 @@ def head_drafter(model: torch.nn.Module, head: Eagle3Head, capture: object, past
     return drafter
 
 
-def check_head(table: Table, model: torch.nn.Module, device: str, scale: Scale, draft_vocab: int,
-               top_k: int) -> None:
+def check_head(table: Table, model: torch.nn.Module, device: str, scale: Scale, draft_vocab: int, top_k: int,
+               compiled: bool) -> None:
     """An 8B-shaped head's level of ``top_k`` rows, a whole draft of depth 6, and a whole EAGLE-3 step (that
-    draft, then a verification of 64 tokens): compiled, captured, and eager."""
+    draft, then a verification of 64 tokens): captured, eager, and (``compiled``) compiled."""
     sync, head, past, repeats = syncer(device), random_head(model, draft_vocab), scale.past, scale.repeats
-    figures, notes, rng = {}, {}, np.random.default_rng(1)
-    for switch in VARIANTS:
+    figures, notes, rng = {}, {"compiled": ""}, np.random.default_rng(1)
+    variants = VARIANTS if compiled else VARIANTS[:2]
+    for switch in variants:
         target = fixed_target(model, switch, scale.compiler)
         target.prefill(rng.integers(0, model.config.vocab_size, past).tolist(), capacity=past + 4 * 64 + 256)
         shapes = drafter_shapes(target)
@@ -194,14 +199,15 @@ def check_head(table: Table, model: torch.nn.Module, device: str, scale: Scale, 
         ms, kernels = kernel_table(level, device)
         table.details.setdefault("profile", {})[f"head level, {NAMES[switch]}: {ms:.3f} ms"] = kernels
         notes[switch] = compile_note(target)
+        print(f"  {NAMES[switch]} head ms: {figures[switch]}", file=sys.stderr, flush=True)
     params = sum(w.numel() for w in head.w.values()) / 1e9
-    shown = {part: "; ".join(f"{NAMES[s]} {figures[s][part]:.3f} ms" for s in VARIANTS) for part in range(3)}
+    shown = {part: "; ".join(f"{NAMES[s]} {figures[s][part]:.3f} ms" for s in variants) for part in range(3)}
     table.add("fixed head level", None, f"{shown[0]} for {top_k} rows ({params:.2f}B-parameter head, "
               f"{past}-token context){notes['compiled']}")
     table.add("fixed draft", None, f"{shown[1]} for a whole draft of depth 6 (top-k {top_k}, levels on the "
               f"fixed-shape path)")
     table.add("fixed EAGLE-3 step", None, f"{shown[2]} for that draft and a verification of 64 tokens; "
-              + "; ".join(f"{NAMES[s]} {figures[s][2] / figures[s][3]:.2f}x its plain step" for s in VARIANTS))
+              + "; ".join(f"{NAMES[s]} {figures[s][2] / figures[s][3]:.2f}x its plain step" for s in variants))
 
 
 def check_host(table: Table, device: str, dtype: str, target_dir: Path, head_dir: Path, prompts: list[list[int]],
@@ -241,15 +247,17 @@ def _tokens(target: Target, proposer, prompt: list[int], n: int) -> list[int]:
 
 
 def check_all(table: Table, device: str, dtype: str, scale: Scale, prompts: list[list[int]],
-              compiled: tuple[int, ...] = COMPILED) -> None:
+              compiled: tuple[int, ...] = COMPILED, tokens: bool = True) -> None:
     """Every row above, within the check's budget (``scale``: gpu_check's GPU or smoke sizes; ``compiled``: the
-    verification sizes the compiled rows compile)."""
+    verification sizes the compiled rows compile; ``tokens``: the host and token rows on the tiny models too)."""
     rate = bandwidth(table, device)
     model = big_model(scale.latency_shape, device, getattr(torch, dtype))
     check_fixed_latency(table, model, device, scale, rate, compiled)
     vocab = 32000 if device.startswith("cuda") else scale.latency_shape["vocab_size"] // 2
-    check_head(table, model, device, scale, vocab, top_k=8)
+    check_head(table, model, device, scale, vocab, 8, bool(compiled))
     del model
+    if not tokens:
+        return
     with tempfile.TemporaryDirectory(prefix="graft-gpu-fixed-") as tmp:
         target_dir, head_dir = synthetic_models(Path(tmp), scale.vocab, scale.hidden, scale.layers)
         check_host(table, device, dtype, target_dir, head_dir, prompts, scale.new_tokens)

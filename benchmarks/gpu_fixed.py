@@ -8,12 +8,16 @@ on a GPU and that it changes no token. ``--smoke`` runs the same code on a CPU, 
   bandwidth (its floor), and the eager path's beside it;
 - ``fixed verify N tokens``: a step (verification, acceptance, compaction, the one read) of 1, 16, 32, 64 and 128
   tokens, against one token;
-- ``fixed head level`` and ``fixed draft``: an 8B-shaped EAGLE-3 head's level of top-k rows and a whole draft of
-  depth 6, captured levels against eager ones;
+- ``fixed head level``, ``fixed draft`` and ``fixed EAGLE-3 step``: an 8B-shaped EAGLE-3 head's level of top-k
+  rows, a whole draft of depth 6, and that draft with a verification of 64 tokens against a plain step;
 - ``fixed host ms/step``: host time not overlapped with the device and blocking reads per step of graft with an
   EAGLE-3 head on the path (benchmarks/host_time/'s replay, its captured regions excluded);
 - ``fixed-shape METHOD (float32)``: every method on the path (its draft levels included) against the eager path,
   token for token, on the tiny synthetic models.
+
+The latency rows run each path side by side: captured (``--graphs on``), eager (``off``) and compiled
+(``compiled``: graft_cli/runtime/compiled.py; the ``compiled`` buckets only), with the top ten kernels of a
+one-token step and of a head level of each kept in ``table.details["profile"]`` (gpu_check's ``profile.txt``).
 
 The rows need graft installed where they run (``pip install --no-deps .``: the methods find their drafters
 through its entry points). gpu_profile.py shows where the device time of a step and of a head level goes.

@@ -5,7 +5,8 @@ leaves the path as it was, with one line on stderr.
 
 The tiny-model test compiles with ``aot_eager`` (dynamo's tracing and AOT's functionalization, no code
 generation: seconds) so that every method fits; the real-model test compiles with inductor (C++ through gcc), on
-the default model, for plain decoding only: its 30 layers take a minute or so to compile on a shared 2-core CPU.
+the default model, for plain decoding only: its three compilations (the 30-layer verification, two acceptances)
+are the slowest part of this file (gcc through inductor; minutes on a shared 2-core CPU).
 """
 
 from __future__ import annotations

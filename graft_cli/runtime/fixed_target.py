@@ -14,6 +14,8 @@ so a new temperature records a small graph, never the model again; both keys car
 A step the buckets cannot hold -- a tree past the largest bucket (run at its padded size, eagerly) or one whose
 padding would pass the reserved cache -- still takes the same route where it can; only a tree with no room left
 falls back to the eager verification and the host's acceptance (with the same noise, from the ring).
+
+``--graphs compiled`` runs the same path with every keyed region compiled first (graft_cli/runtime/compiled.py).
 """
 
 from __future__ import annotations
@@ -168,8 +170,9 @@ def make_target(model: torch.nn.Module, switch: str = "auto", chunk: int = PREFI
                 progress: Progress | None = None, eager: type[Target] = Target,
                 fixed: type[FixedShapeTarget] = FixedShapeTarget) -> Target:
     """The target ``--graphs`` asks for: the fixed-shape path (captured as CUDA graphs on a GPU, eager on a CPU;
-    its regions compiled with ``compiled``) or the eager one (``eager`` and ``fixed``: the classes, for a subclass that records more). A model sharded
-    over devices (``--device-map``) keeps the eager path, with a line saying so."""
+    its regions compiled with ``compiled``) or the eager one (``eager`` and ``fixed``: the classes, for a subclass
+    that records more). A model sharded over devices (``--device-map``) keeps the eager path, with a line saying
+    so."""
     device = input_device(model)
     if not use_graphs(switch, device):
         return eager(model, chunk, progress)

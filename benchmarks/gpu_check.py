@@ -19,8 +19,10 @@
 4. Host milliseconds and device reads per step of graft with a draft model at the CUDA defaults, the forwards
    played back (benchmarks/host_time/).
 5. The fixed-shape path (``--graphs``, benchmarks/gpu_fixed.py): the card's bandwidth, capture time per bucket,
-   plain decoding against its bandwidth floor, verification by tree size, an 8B-shaped EAGLE-3 head level and
-   draft, host time and reads per step with a head, and every method's tokens against the eager path in fp32.
+   plain decoding against its bandwidth floor, verification by tree size, an 8B-shaped EAGLE-3 head level,
+   draft and whole step, each compiled (``--graphs compiled``), captured and eager, with the top ten kernels of a
+   one-token step and a head level of each (``profile.txt``), host time and reads per step with a head, and
+   every method's tokens against the eager path in fp32.
 
     python -m benchmarks.gpu_check            # on a CUDA machine; prints one table, exit 1 if a check failed
     python -m benchmarks.gpu_check --smoke    # the same code on the CPU with tiny models (CI: under a minute)
@@ -72,7 +74,8 @@ from benchmarks import gpu_fixed
 from benchmarks.gpu_setup import GPU, SMOKE, Scale, Table, big_model, syncer
 from benchmarks.host_time import measure
 
-PARTS = ("greedy", "sampling", "exact", "latency", "host", "fixed")  # what --skip can leave out
+PARTS = ("greedy", "sampling", "exact", "latency", "host", "fixed", "tokens", "compiled")  # what --skip leaves out
+# (tokens: the fixed-shape path's host and token rows on the tiny models; compiled: its compiled rows)
 EXACT = (4, 64)  # prompts and new tokens of the fp32 greedy pass that follows a bf16/fp16 run
 SAMPLING = Sampling(temperature=0.8, top_k=8, top_p=0.95)  # every part of the distribution code, a small support
 
@@ -300,7 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=None, help="prompts per method (default: 8; 3 with --smoke)")
     parser.add_argument("--new-tokens", type=int, default=None, help="per prompt (default: 128; 24 with --smoke)")
     parser.add_argument("--skip", default="", help=f"checks to leave out, comma-separated: {','.join(PARTS)}")
-    parser.add_argument("--out", type=Path, default=None, help="a folder to keep gpu_check.json in")
+    parser.add_argument("--out", type=Path, default=None, help="a folder to keep gpu_check.json and profile.txt in")
+    parser.add_argument("--compiled-sizes", default=",".join(map(str, gpu_fixed.COMPILED)),
+                        help="verification sizes the compiled rows compile (each a compilation of the whole model)")
     args = parser.parse_args(argv)
     skip = {s for s in args.skip.split(",") if s}
     if skip - set(PARTS):
@@ -315,7 +320,28 @@ def main(argv: list[str] | None = None) -> int:
     dtype = scale.dtype
     if args.smoke:
         torch.set_num_threads(1)  # tiny models run fastest on one thread
-    table, started = Table(), time.perf_counter()
+    table, started, compiled = Table(), time.perf_counter(), compiled_sizes(args.compiled_sizes)
+    try:
+        run_parts(table, device, scale, skip, compiled)
+    except KeyboardInterrupt:  # `timeout -s INT`: what was measured is still printed and kept
+        table.add("stopped", False, f"interrupted after {time.perf_counter() - started:.0f} s")
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else "CPU"
+    title = (f"gpu_check{' --smoke' if args.smoke else ''} on {name} ({device}, {dtype}): "
+             f"{'all checks passed' if table.ok else 'A CHECK FAILED'} in {time.perf_counter() - started:.0f} s")
+    table.print(title)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        kept = {"title": title, "argv": sys.argv[1:] if argv is None else argv,
+                "torch": torch.__version__, "rows": table.rows, **table.details}
+        write(args.out / "gpu_check.json", json.dumps(kept, indent=1))
+        write(args.out / "profile.txt", "".join(f"== {name}\n{text}\n" for name, text in
+                                                table.details.get("profile", {}).items()))
+    return 0 if table.ok else 1
+
+
+def run_parts(table: Table, device: str, scale: Scale, skip: set[str], compiled: tuple[int, ...]) -> None:
+    """Every part not in ``skip``, in order, into ``table``."""
+    dtype = scale.dtype
     if not {"greedy", "sampling"} <= skip:
         check_methods(table, device, dtype, scale, skip)
     if "exact" not in skip and dtype != "float32":  # bf16's coarse logits tie often: fp32 checks every token
@@ -329,19 +355,23 @@ def main(argv: list[str] | None = None) -> int:
         check_host_overhead(table, device, dtype, scale)
     if "fixed" not in skip:  # the fixed-shape path: benchmarks/gpu_fixed.py
         gpu_fixed.check_all(table, device, dtype, scale, [[int(word[1:]) for word in q.turns[0].split()]
-                                                          for q in prompts(scale)])
-    name = torch.cuda.get_device_name() if device.startswith("cuda") else "CPU"
-    title = (f"gpu_check{' --smoke' if args.smoke else ''} on {name} ({device}, {dtype}): "
-             f"{'all checks passed' if table.ok else 'A CHECK FAILED'} in {time.perf_counter() - started:.0f} s")
-    table.print(title)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        kept = {"title": title, "argv": sys.argv[1:] if argv is None else argv,
-                "torch": torch.__version__, "rows": table.rows, **table.details}
-        tmp = args.out / "gpu_check.json.tmp"
-        tmp.write_text(json.dumps(kept, indent=1))
-        tmp.replace(args.out / "gpu_check.json")
-    return 0 if table.ok else 1
+                                                          for q in prompts(scale)],
+                            () if "compiled" in skip else compiled, "tokens" not in skip)
+
+
+def compiled_sizes(text: str) -> tuple[int, ...]:
+    """``--compiled-sizes``: bucket sizes of the fixed-shape path, comma-separated."""
+    sizes = tuple(int(word) for word in text.split(",") if word.strip().isdigit())
+    if not sizes or set(sizes) - set(gpu_fixed.SIZES):
+        raise SystemExit(f"gpu_check: --compiled-sizes takes some of {','.join(map(str, gpu_fixed.SIZES))}")
+    return sizes
+
+
+def write(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole (a run stopped part-way leaves the last file, never half of one)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 if __name__ == "__main__":

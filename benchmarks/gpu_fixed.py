@@ -8,12 +8,16 @@ on a GPU and that it changes no token. ``--smoke`` runs the same code on a CPU, 
   bandwidth (its floor), and the eager path's beside it;
 - ``fixed verify N tokens``: a step (verification, acceptance, compaction, the one read) of 1, 16, 32, 64 and 128
   tokens, against one token;
-- ``fixed head level`` and ``fixed draft``: an 8B-shaped EAGLE-3 head's level of top-k rows and a whole draft of
-  depth 6, captured levels against eager ones;
+- ``fixed head level``, ``fixed draft`` and ``fixed EAGLE-3 step``: an 8B-shaped EAGLE-3 head's level of top-k
+  rows, a whole draft of depth 6, and that draft with a verification of 64 tokens against a plain step;
 - ``fixed host ms/step``: host time not overlapped with the device and blocking reads per step of graft with an
   EAGLE-3 head on the path (benchmarks/host_time/'s replay, its captured regions excluded);
 - ``fixed-shape METHOD (float32)``: every method on the path (its draft levels included) against the eager path,
   token for token, on the tiny synthetic models.
+
+The latency rows run each path side by side: captured (``--graphs on``), eager (``off``) and compiled
+(``compiled``: graft_cli/runtime/compiled.py; the ``compiled`` buckets only), with the top ten kernels of a
+one-token step and of a head level of each kept in ``table.details["profile"]`` (gpu_check's ``profile.txt``).
 
 The rows need graft installed where they run (``pip install --no-deps .``: the methods find their drafters
 through its entry points). gpu_profile.py shows where the device time of a step and of a head level goes.
@@ -21,6 +25,7 @@ through its entry points). gpu_profile.py shows where the device time of a step 
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from dataclasses import replace
 from functools import partial
@@ -38,7 +43,8 @@ from graft_cli.core.defaults import CUDA
 from graft_cli.drafting import GraftProposer
 from graft_cli.heads import Eagle3Head, HeadConfig, expected_shapes
 from graft_cli.runtime.engine import decode
-from graft_cli.runtime.fixed_target import make_target
+from graft_cli.runtime.compiled import Compiler, Compiling
+from graft_cli.runtime.fixed_target import FixedShapeTarget, drafter_shapes, make_target
 from graft_cli.runtime.graphs import CudaCapture
 from graft_cli.runtime.loading import load_model
 from graft_cli.runtime.sampling import Sampling
@@ -46,10 +52,14 @@ from graft_cli.runtime.target import Target
 from graft_cli.bench.synthetic import method_configs, random_tree, synthetic_models, text_store
 from plugins.eagle3 import Eagle3Drafter
 
-from benchmarks.gpu_setup import Scale, Table, big_model, syncer, timed
+from benchmarks.gpu_setup import Scale, Table, big_model, kernel_table, syncer, timed
 from benchmarks.host_time import measure
 
 SIZES = (1, 16, 32, 64, 128)  # tokens a verification feeds, root included
+COMPILED = (1, 64)  # ... on the compiled path by default: on a GPU host each is an inductor compile of the model
+VARIANTS = ("on", "off", "compiled")  # --graphs: each row's paths, side by side (the compiled last: the slowest
+# to start, so that a run stopped while it compiles has already printed the others' progress)
+NAMES = {"compiled": "compiled", "on": "captured", "off": "eager"}
 GPU_COPY, SMOKE_COPY = 1 << 30, 1 << 24  # bytes the bandwidth is measured over
 
 
@@ -64,34 +74,57 @@ def bandwidth(table: Table, device: str) -> float:
     return rate
 
 
-def check_fixed_latency(table: Table, model: torch.nn.Module, device: str, past: int, repeats: int,
-                        rate: float) -> None:
-    """Capture time per bucket, plain decoding against its floor, verification by tree size: on the path, and
-    the eager path beside it."""
-    sync, rng = syncer(device), np.random.default_rng(0)
+def fixed_target(model: torch.nn.Module, switch: str, backend: str) -> Target:
+    """The target ``--graphs switch`` makes (``compiled``: its regions compiled by ``backend``)."""
+    if switch != "compiled":
+        return make_target(model, switch)
+    capture = CudaCapture() if next(model.parameters()).device.type == "cuda" else None
+    return FixedShapeTarget(model, capture=Compiling(capture, Compiler(backend)))
+
+
+def compile_note(target: Target) -> str:
+    """What the compiled rows must say when compiling failed (they then time the uncompiled path)."""
+    compiler = target.graphs.compiler if isinstance(target, FixedShapeTarget) else None
+    return f" (COMPILING FAILED: {compiler.broken})" if compiler is not None and compiler.broken else ""
+
+
+def check_fixed_latency(table: Table, model: torch.nn.Module, device: str, scale: Scale, rate: float,
+                        compiled: tuple[int, ...]) -> None:
+    """Capture time per bucket, plain decoding against its floor, verification by tree size: captured, eager, and
+    compiled (only the ``compiled`` sizes, none: not run; each is a compilation of the whole model)."""
+    sync, rng, past, repeats = syncer(device), np.random.default_rng(0), scale.past, scale.repeats
     vocab = model.config.vocab_size
     prompt = rng.integers(0, vocab, past).tolist()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     floor = weights / rate * 1000
-    figures = {}
-    for switch in ("on", "off"):
-        target = make_target(model, switch)
+    figures, notes = {}, {}
+    for switch in VARIANTS if compiled else VARIANTS[:2]:
+        target = fixed_target(model, switch, scale.compiler)
         target.prefill(prompt, capacity=past + 4 * 64 + 256)
         step = verify_step(target)
+        sizes = compiled if switch == "compiled" else SIZES
         figures[switch] = {size: timed(lambda: step(random_tree(size - 1, vocab, rng), reset=True), sync, repeats)
-                           for size in SIZES}
+                           for size in sizes}
         figures[switch]["plain"] = timed(lambda: [step(Tree()) for _ in range(16)], sync, repeats) / 16
+        ms, kernels = kernel_table(partial(step, Tree(), reset=True), device)
+        table.details.setdefault("profile", {})[f"one-token step, {NAMES[switch]}: {ms:.3f} ms"] = kernels
+        notes[switch] = compile_note(target)
+        print(f"  {NAMES[switch]} ms: {figures[switch]}", file=sys.stderr, flush=True)  # a run stopped part-way
         if switch == "on":
             captured = {key[1]: s for key, s in target.graphs.seconds.items() if key[0] == "verify"}
             shown = ", ".join(f"{size}: {captured[size]:.2f} s" for size in SIZES if size in captured)
             table.add("fixed capture", None, f"{shown or 'nothing captured (no CUDA)'} per verification bucket; "
                       f"{len(target.graphs.failed)} failed")
-    on, off = figures["on"], figures["off"]
+    on, off, fused = figures["on"], figures["off"], figures.get("compiled", {})
+    shown = f"{fused['plain']:.2f} ms = {fused['plain'] / floor:.2f}x{notes['compiled']}" if fused else "not run"
     table.add("fixed plain decoding", None, f"{on['plain']:.2f} ms/token = {on['plain'] / floor:.2f}x the floor "
-              f"({weights / 1e9:.2f} GB of weights at the measured bandwidth: {floor:.2f} ms); eager {off['plain']:.2f}")
+              f"({weights / 1e9:.2f} GB of weights at the measured bandwidth: {floor:.2f} ms); compiled {shown}; "
+              f"eager {off['plain']:.2f}")
     for size in SIZES:
+        shown = f"{fused[size]:.2f} ms, {fused[size] / fused[1]:.2f}x one" if size in fused else "not compiled"
         table.add(f"fixed verify {size} tokens", None, f"{on[size]:.2f} ms, {on[size] / on[1]:.2f}x one token; "
-                  f"eager {off[size]:.2f} ms ({past}-token cache, a step with acceptance and its read)")
+                  f"compiled {shown}; eager {off[size]:.2f} ms ({past}-token cache, a step with acceptance and "
+                  f"its read)")
 
 
 def verify_step(target: Target) -> Callable[..., object]:
@@ -124,11 +157,13 @@ def random_head(target: torch.nn.Module, draft_vocab: int) -> Eagle3Head:
     return Eagle3Head(cfg, weights, embed, torch.zeros(draft_vocab, dtype=torch.long, device=embed.device))
 
 
-def head_drafter(model: torch.nn.Module, head: Eagle3Head, fixed: bool, past: int, top_k: int) -> Eagle3Drafter:
-    """A dense drafter of depth 6 over ``head`` that has read a ``past``-token prompt (random target features)."""
+def head_drafter(model: torch.nn.Module, head: Eagle3Head, capture: object, past: int,
+                 top_k: int) -> Eagle3Drafter:
+    """A dense drafter of depth 6 over ``head`` that has read a ``past``-token prompt (random target features),
+    its levels at fixed shapes recorded by ``capture`` (:func:`drafter_shapes`' capture; False: eager levels)."""
     drafter = Eagle3Drafter(head, model, depth=6, top_k=top_k)
-    if fixed:
-        drafter.fix_levels(CudaCapture() if head.device.type == "cuda" else None)
+    if capture is not False:
+        drafter.fix_levels(capture)
     device, width = head.device, model.config.hidden_size
     hidden = [torch.randn((past, width), device=device, dtype=head.dtype) for _ in range(drafter.num_states)]
     prompt = [i % model.config.vocab_size for i in range(past)]
@@ -138,15 +173,21 @@ def head_drafter(model: torch.nn.Module, head: Eagle3Head, fixed: bool, past: in
     return drafter
 
 
-def check_head(table: Table, model: torch.nn.Module, device: str, past: int, repeats: int, draft_vocab: int,
-               top_k: int) -> None:
-    """An 8B-shaped head's level of ``top_k`` rows and a whole draft of depth 6: captured levels, and eager."""
-    sync, head = syncer(device), random_head(model, draft_vocab)
-    figures = {}
-    for fixed in (True, False):
+def check_head(table: Table, model: torch.nn.Module, device: str, scale: Scale, draft_vocab: int, top_k: int,
+               compiled: bool) -> None:
+    """An 8B-shaped head's level of ``top_k`` rows, a whole draft of depth 6, and a whole EAGLE-3 step (that
+    draft, then a verification of 64 tokens): captured, eager, and (``compiled``) compiled."""
+    sync, head, past, repeats = syncer(device), random_head(model, draft_vocab), scale.past, scale.repeats
+    figures, notes, rng = {}, {"compiled": ""}, np.random.default_rng(1)
+    variants = VARIANTS if compiled else VARIANTS[:2]
+    for switch in variants:
+        target = fixed_target(model, switch, scale.compiler)
+        target.prefill(rng.integers(0, model.config.vocab_size, past).tolist(), capacity=past + 4 * 64 + 256)
+        shapes = drafter_shapes(target)
         head.reset(past + 4096)
-        drafter = head_drafter(model, head, fixed, past, top_k)
+        drafter = head_drafter(model, head, False if shapes is None else shapes.capture, past, top_k)
         features, context = drafter.pending_features, [i % model.config.vocab_size for i in range(past)] + [1, 2]
+        step, tree = verify_step(target), random_tree(63, model.config.vocab_size, rng)
 
         def draft() -> None:
             drafter.pending_features, drafter.pending_tokens = list(features), [3]
@@ -154,14 +195,23 @@ def check_head(table: Table, model: torch.nn.Module, device: str, past: int, rep
             drafter._drop_tree([])
 
         whole = timed(draft, sync, repeats)
+        both = timed(lambda: (draft(), step(tree, reset=True)), sync, repeats)
+        level = partial(first_level, drafter, head)
         with torch.inference_mode():  # as the draft's own levels run
-            figures[fixed] = (timed(partial(first_level, drafter, head), sync, repeats), whole)
-    (level, whole), (eager_level, eager_whole) = figures[True], figures[False]
+            figures[switch] = (timed(level, sync, repeats), whole, both,
+                               timed(lambda: step(Tree(), reset=True), sync, repeats))
+        ms, kernels = kernel_table(level, device)
+        table.details.setdefault("profile", {})[f"head level, {NAMES[switch]}: {ms:.3f} ms"] = kernels
+        notes[switch] = compile_note(target)
+        print(f"  {NAMES[switch]} head ms: {figures[switch]}", file=sys.stderr, flush=True)
     params = sum(w.numel() for w in head.w.values()) / 1e9
-    table.add("fixed head level", None, f"{level:.3f} ms for {top_k} rows ({params:.2f}B-parameter head, "
-              f"{past}-token context); eager {eager_level:.3f} ms")
-    table.add("fixed draft", None, f"{whole:.2f} ms for a whole draft of depth 6 (top-k {top_k}, levels on the "
-              f"fixed-shape path); eager {eager_whole:.2f} ms")
+    shown = {part: "; ".join(f"{NAMES[s]} {figures[s][part]:.3f} ms" for s in variants) for part in range(3)}
+    table.add("fixed head level", None, f"{shown[0]} for {top_k} rows ({params:.2f}B-parameter head, "
+              f"{past}-token context){notes['compiled']}")
+    table.add("fixed draft", None, f"{shown[1]} for a whole draft of depth 6 (top-k {top_k}, levels on the "
+              f"fixed-shape path)")
+    table.add("fixed EAGLE-3 step", None, f"{shown[2]} for that draft and a verification of 64 tokens; "
+              + "; ".join(f"{NAMES[s]} {figures[s][2] / figures[s][3]:.2f}x its plain step" for s in variants))
 
 
 def check_host(table: Table, device: str, dtype: str, target_dir: Path, head_dir: Path, prompts: list[list[int]],
@@ -200,14 +250,18 @@ def _tokens(target: Target, proposer, prompt: list[int], n: int) -> list[int]:
     return [t for step in decode(target, proposer, prompt, Sampling(), n, set()) for t in step]
 
 
-def check_all(table: Table, device: str, dtype: str, scale: Scale, prompts: list[list[int]]) -> None:
-    """Every row above, within the check's budget (``scale``: gpu_check's GPU or smoke sizes)."""
+def check_all(table: Table, device: str, dtype: str, scale: Scale, prompts: list[list[int]],
+              compiled: tuple[int, ...] = COMPILED, tokens: bool = True) -> None:
+    """Every row above, within the check's budget (``scale``: gpu_check's GPU or smoke sizes; ``compiled``: the
+    verification sizes the compiled rows compile; ``tokens``: the host and token rows on the tiny models too)."""
     rate = bandwidth(table, device)
     model = big_model(scale.latency_shape, device, getattr(torch, dtype))
-    check_fixed_latency(table, model, device, scale.past, scale.repeats, rate)
+    check_fixed_latency(table, model, device, scale, rate, compiled)
     vocab = 32000 if device.startswith("cuda") else scale.latency_shape["vocab_size"] // 2
-    check_head(table, model, device, scale.past, scale.repeats, vocab, top_k=8)
+    check_head(table, model, device, scale, vocab, 8, bool(compiled))
     del model
+    if not tokens:
+        return
     with tempfile.TemporaryDirectory(prefix="graft-gpu-fixed-") as tmp:
         target_dir, head_dir = synthetic_models(Path(tmp), scale.vocab, scale.hidden, scale.layers)
         check_host(table, device, dtype, target_dir, head_dir, prompts, scale.new_tokens)

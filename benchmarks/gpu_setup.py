@@ -34,12 +34,14 @@ class Scale:
     repeats: int
     dtype: str  # bf16 on the GPU; fp32 on the CPU, where bf16 matmuls are slow and users run fp32
     depth: int | None  # draft levels (None: the device's default)
+    compiler: str = "inductor"  # the compiled rows' backend: a smoke run's aot_eager traces without code generation
 
 
 GPU = Scale(1024, 512, 6, 8, 128, 400, LLAMA3_8B, (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256), 512, 10, "bfloat16",
             None)
 SMOKE = Scale(97, 64, 6, 3, 24, 80, dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, vocab_size=97), (1, 4, 16), 64, 3, "float32", 3)
+              num_attention_heads=4, num_key_value_heads=2, vocab_size=97), (1, 4, 16), 64, 3, "float32", 3,
+              "aot_eager")
 
 
 class Table:
@@ -75,6 +77,26 @@ def big_model(shape: dict, device: str, dtype: torch.dtype) -> torch.nn.Module:
 def syncer(device: str) -> Callable[[], None]:
     """What waits for ``device`` to finish its queue: a timing that does not wait times the launches only."""
     return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+
+def kernel_table(run: Callable[[], object], device: str, calls: int = 5, rows: int = 10) -> tuple[float, str]:
+    """Device milliseconds a call of ``run`` takes under torch's profiler (``calls`` calls after as many to warm
+    up), and its ``rows`` kernels by device time, as the profiler's table prints them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync = syncer(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with torch.inference_mode():
+        for _ in range(calls):
+            run()
+        sync()
+        with profile(activities=activities) as prof:
+            for _ in range(calls):
+                run()
+            sync()
+    averages = prof.key_averages()
+    total = sum(e.self_device_time_total for e in averages) / calls / 1000
+    return total, averages.table(sort_by="self_device_time_total", row_limit=rows, max_name_column_width=60)
 
 
 def timed(run: Callable[[], object], sync: Callable[[], None], repeats: int) -> float:

@@ -16,7 +16,7 @@ def test_gpu_check_smoke_covers_every_method(capsys):
         assert "no CUDA device" in capsys.readouterr().out
     assert gpu_check.main(["--smoke"]) == 0
     out = capsys.readouterr().out
-    fixed = 11 + len(METHODS)  # the fixed-shape path's rows (benchmarks/gpu_fixed.py)
+    fixed = 12 + len(METHODS)  # the fixed-shape path's rows (benchmarks/gpu_fixed.py)
     assert "all checks passed" in out and out.count("\n| ") == 1 + 2 * len(METHODS) + 1 + 1 + 1 + 3 + 1 + 1 + fixed
     for name in METHODS:
         assert f"| greedy {name} (" in out and f"| sampling {name} | ok |" in out
@@ -24,7 +24,7 @@ def test_gpu_check_smoke_covers_every_method(capsys):
     assert "| greedy hf (float32) | ok | 3/3 identical" in out and "| verify 16 tokens |" in out
     assert "| host ms/step |" in out and "| attention kernel | - |" in out and "| verify, a new shape each call |" in out
     for row in ("bandwidth", "fixed capture", "fixed plain decoding", "fixed verify 128 tokens", "fixed head level",
-                "fixed draft", "fixed host ms/step"):
+                "fixed draft", "fixed EAGLE-3 step", "fixed host ms/step"):
         assert f"| {row} | - |" in out
 
 

@@ -34,7 +34,7 @@ def open_generator(model: str, config: MethodConfig, device: str = "auto", dtype
                    progress: Progress | None = None, graphs: str = "auto", *, threads: int | None = None,
                    prefix_cache: float = PREFIX_CACHE_MIB, forward: str = "auto") -> Generator:
     """A Generator for a method configuration: the configuration and its datastore checked before the model loads
-    (a wrong flag should not cost seconds). ``graphs``: auto, on or off (``--graphs``: the fixed-shape path).
+    (a wrong flag should not cost seconds). ``graphs``: auto, on, off or compiled (``--graphs``: the fixed-shape path).
     ``threads``: torch's CPU threads, set for the process (None: OMP_NUM_THREADS, else the cores it may use);
     ``prefix_cache``: MiB of earlier requests' KV rows kept for the requests that begin alike (0: off);
     ``forward``: auto, own or transformers (``--forward``: whose modules run the model, docs/models.md)."""

@@ -14,7 +14,7 @@ from graft_cli.bench.options import BenchOptions
 from graft_cli.bench.plan import MethodSpec, uses_draft
 from graft_cli.bench.provenance import Provenance
 from graft_cli.method.config import drafting_for
-from graft_cli.runtime.fixed_target import use_graphs
+from graft_cli.runtime.fixed_target import use_compiler, use_graphs
 
 
 def fingerprint(parts: dict) -> str:
@@ -39,6 +39,8 @@ def _common(opts: BenchOptions, models: Models, provenance: Provenance) -> dict:
         common["repeats"] = opts.repeats
     if use_graphs(opts.graphs, models.device):  # another execution of the same method; runs before were eager
         common["graphs"] = True
+    if use_compiler(opts.graphs, models.device):  # compiled kernels: another execution again
+        common["compiled"] = True
     return common
 
 

@@ -70,7 +70,8 @@ Graphs = Annotated[str, typer.Option(
     "--graphs", rich_help_panel=DEVICE,
     help="Verify at fixed shapes, each captured once as a CUDA graph (seconds at start-up): auto (on CUDA "
          f"{'on' if CUDA.graphs else 'off'}, on CPU {'on' if CPU.graphs else 'off'}: there the padding costs real "
-         "compute), on or off. A shape whose capture fails runs eagerly.")]
+         "compute), on, off, or compiled: on, each region compiled by torch.compile first (minutes at start-up; "
+         "docs/gpu.md). A shape whose capture fails runs eagerly; a compile that fails, uncompiled.")]
 Threads = Annotated[Optional[int], typer.Option(
     "--threads", min=1, rich_help_panel=DEVICE,
     help="CPU threads torch runs on (default: OMP_NUM_THREADS if set, else the cores this process may use, as "

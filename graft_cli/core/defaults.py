@@ -29,6 +29,7 @@ class DeviceDefaults:
     profile_sizes: tuple[int, ...]  # tokens fed per forward when the latency is measured (--budget auto)
     dtype: str  # the model's dtype under --dtype auto (CUDA: bf16 where the card has it, else fp16)
     graphs: bool  # verify at fixed shapes, captured as CUDA graphs (a CPU pays for the padding: off)
+    compiled: bool = False  # ... with the regions compiled by torch.compile (graft_cli/runtime/compiled.py)
 
 
 # CPU latency: SmolLM2-135M with a 512-token cache and graft's CPU kernels, made non-decreasing; its context cost:
@@ -40,12 +41,14 @@ CPU = DeviceDefaults(
     latency={1: 1.0, 2: 1.08, 3: 1.12, 4: 1.12, 6: 1.12, 8: 1.22, 12: 1.40, 16: 1.52, 24: 2.01, 32: 2.48, 48: 3.47,
              64: 4.26},
     per_context=(1.9e-4, 2.8e-5), profile_sizes=(1, 2, 4, 8, 16, 32, 64), dtype="float32", graphs=False,
+    compiled=False,  # measured slower on this path's CPU (docs/gpu.md, "The compiled path")
 )
 CUDA = DeviceDefaults(
     budget=60, depth=7, draft_top_k=8, draft_window=0, draft_weights="full", ranked_draft_vocab=False,
     prune_floor=0.02, planned_draft=True,
     latency={1: 1.0, 16: 1.0, 32: 1.02, 64: 1.08, 128: 1.35},
     per_context=(0.0, 0.0), profile_sizes=(1, 2, 4, 8, 16, 32, 64, 96, 128), dtype="bfloat16", graphs=True,
+    compiled=False,  # on once the GPU rows measure it faster (docs/gpu.md, "The compiled path")
 )
 DEVICES = {"cpu": CPU, "cuda": CUDA}
 

@@ -78,7 +78,8 @@ class LoadedModel(Protocol):
 @dataclass(frozen=True)
 class Shapes:
     """The target runs at fixed shapes (``--graphs``), and so should a drafter's levels: ``capture`` records each
-    shape once (CUDA graphs, into a memory pool of the drafter's own), None runs them eagerly (a CPU)."""
+    shape once (CUDA graphs, into a memory pool of the drafter's own; compiled first where it is a ``Compiling``,
+    graft_cli/runtime/compiled.py), None runs them eagerly (a CPU)."""
 
     capture: Any = None
 

@@ -152,12 +152,12 @@ def kernels_outside(head: Any) -> Iterator[None]:
 
 def head_rows(head: Any, inputs: LevelInputs, states: torch.Tensor) -> torch.Tensor:
     """An EAGLE-3 head's forward of ``inputs``' rows over its whole cache, written where they say: the states
-    ``[rows, H]`` (run under :func:`kernels_outside`)."""
+    ``[rows, H]`` (run under :func:`kernels_outside`, in inference mode)."""
     cache = head.cache
     allowed = visible_keys(inputs.visible, inputs.tree, cache.layers[0].keys.shape[2])
     cache.write_index = inputs.write
     try:
-        return head.forward(inputs.tokens, states, inputs.positions, allowed)
+        return head.rows(inputs.tokens, states, inputs.positions, allowed)
     finally:
         cache.write_index = None
 

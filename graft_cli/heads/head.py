@@ -117,6 +117,12 @@ class Eagle3Head:
         """Rows ``(hidden[i], tokens[i])`` at ``positions``; ``allowed`` ``[T, cache + T]`` (bool) says what each
         row attends to. Appends their keys and values to the cache; returns the layer's outputs ``[T, H]``, the
         state deeper draft levels read (normed by ``norm`` where the head was trained to feed that back)."""
+        return self.rows(tokens, hidden, positions, allowed)
+
+    def rows(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+             allowed: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` for a caller already in inference mode: a compiled level (graft_cli/runtime/compiled.py),
+        where entering it again inside the compiled region leaves torch's dispatcher state broken after it."""
         c = self.cfg
         t = tokens.shape[0]
         emb = self.embed[on(tokens, self.device)].to(self.dtype)

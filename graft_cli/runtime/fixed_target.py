@@ -14,6 +14,8 @@ so a new temperature records a small graph, never the model again; both keys car
 A step the buckets cannot hold -- a tree past the largest bucket (run at its padded size, eagerly) or one whose
 padding would pass the reserved cache -- still takes the same route where it can; only a tree with no room left
 falls back to the eager verification and the host's acceptance (with the same noise, from the ring).
+
+``--graphs compiled`` runs the same path with every keyed region compiled first (graft_cli/runtime/compiled.py).
 """
 
 from __future__ import annotations
@@ -28,19 +30,20 @@ import torch
 from graft_cli.core import defaults_for, GraftError, Needs, Outcome, Shapes, Step, Tree
 from graft_cli.runtime.device_accept import NoiseRing, accepted_rows, choose, compact, following, top_k_rows
 from graft_cli.runtime.fixed_shapes import BUCKETS, Padded, StaticInputs, bucket, key_rows, padded_forward
+from graft_cli.runtime.compiled import Compiler, Compiling
 from graft_cli.runtime.graphs import Capture, CudaCapture, Graphs
 from graft_cli.runtime.sampling import Noise, Sampling, chosen
 from graft_cli.runtime.target import PREFILL_CHUNK, Forward, Layers, Progress, Rule, Target, input_device, verified
 
-SWITCH = ("auto", "on", "off")  # --graphs
+SWITCH = ("auto", "on", "off", "compiled")  # --graphs
 
 
 class FixedShapeTarget(Target):
     """A :class:`Target` whose steps run at fixed shapes (``capture``: how a region is recorded; None runs every
-    region eagerly, as on a CPU)."""
+    region eagerly, as on a CPU; a :class:`Compiling` one compiles each region first)."""
 
     def __init__(self, model: torch.nn.Module, chunk: int = PREFILL_CHUNK, progress: Progress | None = None,
-                 capture: Capture | None = None, buckets: tuple[int, ...] = BUCKETS) -> None:
+                 capture: Capture | Compiling | None = None, buckets: tuple[int, ...] = BUCKETS) -> None:
         super().__init__(model, chunk, progress)
         self.cache.zeroed = True  # attention reads unfilled rows (masked): never garbage there
         self.buckets = buckets
@@ -153,22 +156,31 @@ def use_graphs(switch: str, device: object) -> bool:
     """``--graphs``: ``auto`` is the device's default (on CUDA, off on a CPU, where padding costs real compute)."""
     if switch not in SWITCH:
         raise GraftError(f"--graphs must be one of {', '.join(SWITCH)}, not '{switch}'")
-    return defaults_for(device).graphs if switch == "auto" else switch == "on"
+    return defaults_for(device).graphs if switch == "auto" else switch != "off"
+
+
+def use_compiler(switch: str, device: object) -> bool:
+    """Whether the fixed-shape path's regions are compiled: ``--graphs compiled``, or ``auto`` where the device's
+    defaults say so (graft_cli/runtime/compiled.py)."""
+    defaults = defaults_for(device)
+    return switch == "compiled" or (switch == "auto" and defaults.graphs and defaults.compiled)
 
 
 def make_target(model: torch.nn.Module, switch: str = "auto", chunk: int = PREFILL_CHUNK,
                 progress: Progress | None = None, eager: type[Target] = Target,
                 fixed: type[FixedShapeTarget] = FixedShapeTarget) -> Target:
-    """The target ``--graphs`` asks for: the fixed-shape path (captured as CUDA graphs on a GPU, eager on a CPU)
-    or the eager one (``eager`` and ``fixed``: the classes, for a subclass that records more). A model sharded
-    over devices (``--device-map``) keeps the eager path, with a line saying so."""
+    """The target ``--graphs`` asks for: the fixed-shape path (captured as CUDA graphs on a GPU, eager on a CPU;
+    its regions compiled with ``compiled``) or the eager one (``eager`` and ``fixed``: the classes, for a subclass
+    that records more). A model sharded over devices (``--device-map``) keeps the eager path, with a line saying
+    so."""
     device = input_device(model)
     if not use_graphs(switch, device):
         return eager(model, chunk, progress)
     if len({p.device for p in model.parameters()}) > 1:
         print("graft: --graphs: a model sharded over devices verifies on the eager path", file=sys.stderr)
         return eager(model, chunk, progress)
-    return fixed(model, chunk, progress, CudaCapture() if device.type == "cuda" else None)
+    capture = CudaCapture() if device.type == "cuda" else None
+    return fixed(model, chunk, progress, Compiling(capture, Compiler()) if use_compiler(switch, device) else capture)
 
 
 def prefill_outcome(prompt: Sequence[int], out: Forward, layers: Sequence[int], choice: torch.Tensor,
@@ -189,5 +201,6 @@ def drafter_shapes(target: Target) -> Shapes | None:
     its graphs must never reuse the memory of the target's outputs); None on the eager path."""
     if not isinstance(target, FixedShapeTarget):
         return None
-    capture = target.graphs.capture
-    return Shapes(capture.apart() if isinstance(capture, CudaCapture) else capture)
+    graphs = target.graphs
+    capture = graphs.capture.apart() if isinstance(graphs.capture, CudaCapture) else graphs.capture
+    return Shapes(capture if graphs.compiler is None else Compiling(capture, graphs.compiler))

@@ -34,6 +34,8 @@ from typing import Any, Callable, Hashable
 
 import torch
 
+from graft_cli.runtime.compiled import Compiler, Compiling
+
 WARMUP = 2  # eager calls of a key before it is captured
 LIMIT = 256  # keys (counted or captured) a Graphs holds before it drops them all
 Region = Callable[[], Any]
@@ -64,10 +66,13 @@ Capture = Callable[[Region], tuple[Replay, Any]]
 
 class Graphs:
     """Regions by key: replayed once captured, eager before that and wherever ``capture`` is None. ``seconds``:
-    what each capture took (the start-up cost the docs quote)."""
+    what each capture took (the start-up cost the docs quote). A :class:`Compiling` capture compiles each keyed
+    region first (graft_cli/runtime/compiled.py): its warm-ups and its capture run the compiled region."""
 
-    def __init__(self, capture: Capture | None, warmup: int = WARMUP, limit: int = LIMIT) -> None:
-        self.capture, self.warmup, self.limit = capture, warmup, limit
+    def __init__(self, capture: Capture | Compiling | None, warmup: int = WARMUP, limit: int = LIMIT) -> None:
+        self.compiler: Compiler | None = capture.compiler if isinstance(capture, Compiling) else None
+        self.capture = capture.inner if isinstance(capture, Compiling) else capture
+        self.warmup, self.limit = warmup, limit
         self.captured: dict[Hashable, tuple[Replay, Any]] = {}
         self.calls: Counter = Counter()
         self.failed: set[Hashable] = set()
@@ -79,7 +84,11 @@ class Graphs:
         if found is not None:
             found[0]()
             return found[1]
-        if key is None or self.capture is None or key in self.failed:
+        if key is None or key in self.failed:
+            return region()
+        if self.compiler is not None:
+            region = self.compiler(region)
+        if self.capture is None:
             return region()
         self.calls[key] += 1
         if self.calls[key] <= self.warmup:

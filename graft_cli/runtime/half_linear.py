@@ -43,6 +43,8 @@ class HalfLinear(nn.Linear):
     half: torch.Tensor
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # dynamo cannot trace FBGEMM's packed weight: the full one, compiled
+            return nn.functional.linear(x, self.weight, self.bias)
         return torch.ops.quantized.linear_dynamic_fp16(x, self.half)
 
 

@@ -35,7 +35,7 @@ from graft_cli.runtime.limits import Limits, limits
 from graft_cli.runtime.target import input_device
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
-OWN_BY_DEFAULT = False  # --forward auto: graft's own forward where it serves the model (docs/models.md)
+OWN_BY_DEFAULT = True  # --forward auto: graft's own forward where it serves the model, measured faster (docs/models.md)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from graft_cli.grammar.spec import Grammar, GrammarTokenizer
 
 FORCED = "forced"  # the source name of nodes the grammar forced (Stats.accepted counts them under it)
 FORCED_NODES = 48  # forced nodes a step may add past the proposer's tree (each costs a verified row)
+COPIED_NODES = 8  # copied nodes likewise (a guess, unlike a forced chain: fewer)
 
 
 class GrammarConstraint:
@@ -73,10 +74,12 @@ class GrammarConstraint:
             room -= len(shaped) - before
             if room <= 0:
                 break
-        if self.copied is not None and not forced.get(ROOT):
-            for text in self.copied.propose(self.output):
-                tokens = self._copy(text)
-                shaped.add_path(tokens, [1.0] * len(tokens), COPIED)
+        room = COPIED_NODES if self.copied is not None and not forced.get(ROOT) else 0
+        for text in self.copied.propose(self.output) if room > 0 else []:
+            before = len(shaped)
+            tokens = self._copy(text)[:room]
+            shaped.add_path(tokens, [1.0] * len(tokens), COPIED)
+            room -= len(shaped) - before
         self.seconds += self.clock() - began
         return shaped
 

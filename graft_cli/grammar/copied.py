@@ -14,7 +14,7 @@ from typing import Any, Sequence
 COPIED = "copied"  # the source name of the nodes this drafts (Stats.accepted counts them under it)
 LOOKBACK = 16  # output tokens searched back for the string's opening quote
 ENDS = ',.;:!?()[]{}"\n'  # where a copied value is taken to end in the prompt's text
-LONGEST = 48  # characters a copied continuation may run to
+LONGEST = 32  # characters a copied continuation may run to
 
 
 class CopiedValues:

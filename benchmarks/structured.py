@@ -73,7 +73,8 @@ def run(generators: dict, task: dict, turn: int, tagged: bool | None, max_new_to
         out[name] = {"tokens": done.token_ids, "text": done.text, "finish": done.finish_reason,
                      "new_tokens": stats.new_tokens, "wall_s": stats.wall, "steps": stats.steps,
                      "prefill_s": stats.times.get("prefill", 0.0),
-                     "forced": stats.accepted.get("forced", 0), "grammar_s": stats.times.get("grammar", 0.0),
+                     "forced": stats.accepted.get("forced", 0), "copied": stats.accepted.get("copied", 0),
+                     "grammar_s": stats.times.get("grammar", 0.0),
                      "valid": valid(task, done.text)}
     return out
 
@@ -87,16 +88,17 @@ def summary(results: list[dict]) -> list[dict]:
         rows.append({"config": name, "tokens_per_s": tokens / wall, "decode_per_s": tokens / (wall - prefill),
                      "tau": tokens / max(steps, 1),
                      "forced_share": sum(x["forced"] for x in runs) / tokens,
+                     "copied_share": sum(x["copied"] for x in runs) / tokens,
                      "grammar_ms_per_step": 1000 * sum(x["grammar_s"] for x in runs) / max(steps, 1),
                      "valid": sum(x["valid"] for x in runs), "tasks": len(runs), "tokens": tokens, "wall_s": wall})
     return rows
 
 
 def table(rows: list[dict], same: int, total: int) -> str:
-    lines = ["| configuration | tok/s | decode tok/s | tau | forced share | grammar ms/step | valid |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| configuration | tok/s | decode tok/s | tau | forced share | copied share | grammar ms/step | valid |",
+             "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['config']} | {r['tokens_per_s']:.2f} | {r['decode_per_s']:.2f} | {r['tau']:.2f} | "
-              f"{r['forced_share']:.0%} | "
+              f"{r['forced_share']:.0%} | {r['copied_share']:.0%} | "
               f"{r['grammar_ms_per_step']:.2f} | {r['valid']}/{r['tasks']} |" for r in rows]
     speed = {r["config"]: r["tokens_per_s"] for r in rows}
     wall = {r["config"]: r["wall_s"] for r in rows}

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from graft_cli.core import ROOT, GraftError, Tree
-from graft_cli.grammar import FORCED, GrammarConstraint, GrammarTokenizer, json_schema, regex
+from graft_cli.grammar import COPIED, FORCED, CopiedValues, GrammarConstraint, GrammarTokenizer, json_schema, regex
 from graft_cli.runtime.engine import decode
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
@@ -37,8 +37,8 @@ class Empty(StaticProposer):
 
 def run(tiny, grammar, proposer, sampling=Sampling(), seed=0, n=40, drafts=True, target=Target):
     model, tokenizer, grammar_tokenizer = tiny
-    constraint = GrammarConstraint(grammar, grammar_tokenizer, perf_counter, drafts)
     prompt = tokenizer.encode("Extract the person: Ada, 36, from Oslo.")
+    constraint = GrammarConstraint(grammar, grammar_tokenizer, perf_counter, drafts, prompt)  # values copied too
     steps = decode(target(model), proposer, prompt, sampling, n, {STOP}, seed, constraint=constraint)
     return [t for step in steps for t in step], constraint
 
@@ -177,3 +177,27 @@ def test_smollm2_answers_the_schema_with_every_method_alike():
     assert answers["graft"].token_ids == answers["ar"].token_ids
     assert answers["graft"].finish_reason == "stop" and set(json.loads(answers["graft"].text)) == {"name", "age"}
     assert answers["graft"].stats.accepted["forced"] > 0
+
+
+def test_a_value_copied_from_the_prompt_is_drafted_as_the_string_writes_it(tiny):
+    _, tokenizer, grammar_tokenizer = tiny
+    prompt = tokenizer.encode("Extract the person: Dr. Helena Marsh, 52, moved from Cork to Lisbon.")
+    assert tokenizer.convert_tokens_to_ids("\u0120Cork") in prompt  # the prompt's ' Cork'
+    written = tokenizer.encode('{"name": "Helena Marsh", "city": "C')
+    copied = CopiedValues(tokenizer, prompt)
+    assert copied.propose(written) == ['ork to Lisbon"', 'ork"']  # the prompt's phrase, its word, after "C"
+    assert tokenizer.convert_ids_to_tokens(copied.tokens(written, 'ork"')) == ["ork", '"']  # not ' Cork'
+    assert copied.propose(tokenizer.encode('{"name": "')) == []  # nothing begun: any word could follow
+    assert [tokenizer.decode(copied.tokens(tokenizer.encode('{"name": "Hel'), text))
+            for text in copied.propose(tokenizer.encode('{"name": "Hel'))] == ['ena Marsh"', 'ena"']
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "city": {"type": "string"}},
+              "required": ["name", "city"], "additionalProperties": False}
+    constraint = GrammarConstraint(json_schema(schema), grammar_tokenizer, perf_counter, prompt=prompt)
+    constraint.advance(written)
+    shaped = constraint.shape(Tree())
+    assert [node.source for node in shaped.nodes] == [COPIED] * len(shaped)
+    paths = [[shaped.nodes[i].token for i in path] for path in shaped.paths()]
+    assert [tokenizer.decode(path[:-1]) for path in paths] == ['ork to Lisbon"}', 'ork"}']
+    assert all(path[-1] == STOP for path in paths)  # the value, the '"}' the grammar forces after it, the end
+    constraint.advance(paths[1])  # the drafts were tried and rolled back: the state is still after "C"
+    assert constraint.complete

@@ -158,7 +158,7 @@ def _pieces(generator: Generator, request: Request, should_stop: Callable[[], bo
     """The generation itself: the decoding loop's steps turned into text pieces, stopped by an end-of-text token,
     a stop string, ``max_new_tokens`` or ``should_stop``."""
     stats, text, ids = Stats(), TextPieces(generator.loaded.tokenizer, generator.stop_ids, request.stop), []
-    constraint = generator.grammars.constraint(request.grammar, generator.proposer.recorder.clock)
+    constraint = generator.grammars.constraint(request.grammar, generator.proposer.recorder.clock, request.prompt_ids)
     steps = decode(generator.target, generator.proposer, request.prompt_ids, request.sampling,
                    request.max_new_tokens, generator.stop_ids, request.seed, stats, constraint, generator.prefix)
     cancelled = False

@@ -3,7 +3,7 @@ tokenizer before any forward, and the constraint a generation runs under."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from graft_cli.core import Clock, GraftError
 from graft_cli.grammar import Grammar, GrammarConstraint, GrammarTokenizer, json_schema as schema_grammar
@@ -38,7 +38,7 @@ class Grammars:
         self.compiled.check(made)
         return made
 
-    def constraint(self, grammar: Grammar | None, clock: Clock) -> GrammarConstraint | None:
+    def constraint(self, grammar: Grammar | None, clock: Clock, prompt: Sequence[int] = ()) -> GrammarConstraint | None:
         """A generation's grammar state (None for free text), its host time read on ``clock`` (the proposer's
-        recorder's, as every phase of the generation)."""
-        return None if grammar is None else GrammarConstraint(grammar, self.compiled, clock, self.drafts)
+        recorder's, as every phase of the generation); ``prompt``, whose text copied values are drafted from."""
+        return None if grammar is None else GrammarConstraint(grammar, self.compiled, clock, self.drafts, prompt)

@@ -14,20 +14,26 @@ import numpy as np
 import torch
 
 from graft_cli.core import ROOT, Clock, GraftError, Tree
+from graft_cli.grammar.copied import COPIED, CopiedValues
 from graft_cli.grammar.spec import Grammar, GrammarTokenizer
 
 FORCED = "forced"  # the source name of nodes the grammar forced (Stats.accepted counts them under it)
 FORCED_NODES = 48  # forced nodes a step may add past the proposer's tree (each costs a verified row)
+COPIED_NODES = 8  # copied nodes likewise (a guess, unlike a forced chain: fewer)
 
 
 class GrammarConstraint:
     """One request's grammar state (graft_cli.core.constraint.Constraint). ``drafts``: whether forced tokens are
     added to the tree (not for plain decoding, the reference). ``seconds`` adds up the host time spent on the
     grammar (masks, checks, forced tokens), read on ``clock`` (the generation's recorder's): what the constraint
-    costs each step, reported beside the phases."""
+    costs each step, reported beside the phases. ``prompt``: the request's tokens, whose text a value the answer
+    copies from it is drafted from (copied.py)."""
 
-    def __init__(self, grammar: Grammar, tokenizer: GrammarTokenizer, clock: Clock, drafts: bool = True) -> None:
+    def __init__(self, grammar: Grammar, tokenizer: GrammarTokenizer, clock: Clock, drafts: bool = True,
+                 prompt: Sequence[int] = ()) -> None:
         self.matcher, self.clock = tokenizer.matcher(grammar), clock
+        self.copied = CopiedValues(tokenizer.text, prompt) if drafts and prompt else None
+        self.output: list[int] = []  # the text so far, as tokens (the copied values' context)
         self.tokenizer, self.vocab, self.stops, self.drafts = tokenizer, tokenizer.vocab, tokenizer.stops, drafts
         self.words = len(self.matcher.compute_bitmask()) // 4  # a row's 32-bit words (the engine's own count)
         self.seconds = 0.0
@@ -46,6 +52,7 @@ class GrammarConstraint:
             if not self.matcher.consume_token(int(token)):  # the mask allowed it: only an engine fault gets here
                 raise GraftError(f"the grammar rejected token {token} it allowed: {self.matcher.get_error()}")
             self.fed += 1
+            self.output.append(int(token))
         self.seconds += self.clock() - began
 
     def ending(self) -> list[int]:
@@ -67,8 +74,30 @@ class GrammarConstraint:
             room -= len(shaped) - before
             if room <= 0:
                 break
+        room = COPIED_NODES if self.copied is not None and not forced.get(ROOT) else 0
+        for text in self.copied.propose(self.output) if room > 0 else []:
+            before = len(shaped)
+            tokens = self._copy(text)[:room]
+            shaped.add_path(tokens, [1.0] * len(tokens), COPIED)
+            room -= len(shaped) - before
         self.seconds += self.clock() - began
         return shaped
+
+    def _copy(self, text: str) -> list[int]:
+        """``text`` from the prompt after the text so far, then what the grammar forces after it (``", "age": ``
+        after a value's closing quote), tokenized whole as the model would write them (``'",'`` one token), cut
+        where the grammar rejects them, with the stop token where the grammar is done after them."""
+        tokens = self.copied.tokens(self.output, text)
+        fed = self.matcher.try_consume_tokens(tokens)
+        after = self.matcher.compute_ff_bytes().decode("utf-8", errors="ignore") if fed == len(tokens) else ""
+        self.matcher.rollback(fed)
+        if not after:
+            return tokens[:fed]
+        tokens = self.copied.tokens(self.output, text + after)
+        fed = self.matcher.try_consume_tokens(tokens)
+        done = fed == len(tokens) and self.matcher.is_stopped() and self.tokenizer.end is not None
+        self.matcher.rollback(fed)
+        return tokens[:fed] + ([self.tokenizer.end] if done else [])
 
     def masked(self, tree: Tree, logits: torch.Tensor) -> torch.Tensor:
         began = self.clock()

@@ -206,17 +206,13 @@ def test_real_qwen_pair_is_lossless(monkeypatch):
     config = MethodConfig("graft", 8, draft="qwen2.5-coder-0.5b-instruct", drafting=DraftSettings(depth=4, draft_top_k=2))
     proposer = methods.build(config, target)
     stop = stop_ids(target)
-    prompts = ["Write a Python function that returns the n-th Fibonacci number.",
-               "What is 17 * 23? Explain step by step."]
-    accepted = 0
-    for text in prompts:
-        ids = encode(target.tokenizer, text)
-        ar = [t for s in decode(Target(target.model), GraftProposer(0), ids, Sampling(), 24, stop, 0) for t in s]
-        stats = Stats()
-        got = [t for s in decode(Target(target.model), proposer, ids, Sampling(), 24, stop, 0, stats) for t in s]
-        assert got == ar
-        accepted += stats.accepted["draft"]
-    assert accepted > 10  # the 0.5B model really drafts for the 1.5B one
+    # One prompt of 16 tokens: each step verifies its tree over unpacked fp32 weights, minutes for more.
+    ids = encode(target.tokenizer, "Write a Python function that returns the n-th Fibonacci number.")
+    ar = [t for s in decode(Target(target.model), GraftProposer(0), ids, Sampling(), 16, stop, 0) for t in s]
+    stats = Stats()
+    got = [t for s in decode(Target(target.model), proposer, ids, Sampling(), 16, stop, 0, stats) for t in s]
+    assert got == ar
+    assert stats.accepted["draft"] > 5  # the 0.5B model really drafts for the 1.5B one
 
 
 def test_a_reduced_draft_vocabulary_drafts_only_its_ids_and_stays_lossless():

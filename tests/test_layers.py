@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
     ("core", ["graft_cli.core", "datastores"]),
     ("catalog", ["graft_cli.catalog"]),
-    ("model", ["graft_cli.runtime", "graft_cli.heads", "graft_cli.grammar"]),
+    ("model", ["graft_cli.runtime", "graft_cli.models", "graft_cli.heads", "graft_cli.grammar"]),
     ("policy", ["graft_cli.drafting", "graft_cli.plugin", "plugins"]),
     ("method configuration", ["graft_cli.method"]),
     ("application", ["graft_cli.api", "graft_cli.server", "graft_cli.bench"]),

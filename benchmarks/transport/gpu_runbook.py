@@ -67,6 +67,8 @@ def piece_calls(folder: Path, module: str) -> tuple[list[Call], str]:
     """A call for each model piece but the last (which rides with the plan's main call), each checking the
     pieces so far; and the last piece's path."""
     rel = relative(folder)
+    if not (folder / "model.json").is_file():
+        raise SystemExit(f"{rel}/model.json is missing: run `python -m benchmarks.transport.gpu_pack prepare` first")
     count = len(json.loads((folder / "model.json").read_text())["pieces"])
     calls = [Call(f"python3 -m {module} check {i}", (f"{rel}/model.part{i}", f"{rel}/model.json"), CHECK_S[1],
                   CHECK_S[0], f"piece {i} of {count} arrives; pieces 1..{i} are checked, the machine's versions "

@@ -16,18 +16,7 @@ import torch
 from torch import nn
 
 from graft_cli.heads.head import ACTIVATIONS, HeadConfig, rope_frequencies
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, width: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(width))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+from graft_cli.models.decoder import RMSNorm
 
 
 def _linear(n_in: int, n_out: int) -> nn.Linear:

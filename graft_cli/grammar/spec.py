@@ -7,11 +7,11 @@ schema or pattern is one line of error, never a failure mid-generation."""
 from __future__ import annotations
 
 import json
+from copy import copy
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 import llguidance
-import llguidance.hf
 
 from graft_cli.core import GraftError
 
@@ -72,10 +72,8 @@ class GrammarTokenizer:
         self.vocab, self.stops, self.text = vocab, frozenset(stops), tokenizer
         # the stop token drafted where the grammar allows nothing else: the tokenizer's own end of text first
         self.end = tokenizer.eos_token_id if tokenizer.eos_token_id in self.stops else (stops or [None])[0]
-        try:
-            self.inner = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab, eos_token=stops or None)
-        except ValueError as e:
-            raise GraftError(f"structured output needs a fast tokenizer: {e}") from None
+        self.inner = llguidance.LLTokenizer(_serialised(tokenizer), n_vocab=vocab,
+                                            eos_token=stops or tokenizer.eos_token_id)
 
     def forced(self, matcher: llguidance.LLMatcher) -> list[int]:
         """The tokens a state forces, as a whole string, then the stop token where the grammar is done after them
@@ -110,6 +108,19 @@ class GrammarTokenizer:
         if matcher.is_error():
             raise GraftError(f"invalid {grammar.what}: {_first_line(matcher.get_error())}")
         return matcher
+
+
+def _serialised(tokenizer: Any) -> str:
+    """The Rust tokenizer's JSON (what llguidance reads), padding and truncation off; a transformers tokenizer and
+    graft's light one (graft_cli/models/tokenizer.py) both carry it as ``backend_tokenizer``. Read here rather than
+    through ``llguidance.hf``, which imports transformers and takes only transformers' class."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise GraftError("structured output needs a fast tokenizer (a tokenizer.json)")
+    backend = copy(backend)
+    backend.no_padding()
+    backend.no_truncation()
+    return backend.to_str()
 
 
 def _first_line(message: str) -> str:

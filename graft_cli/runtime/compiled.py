@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-import torch._dynamo
 
 Region = Callable[[], Any]
 COMPILES = 1024  # compilations dynamo keeps per function: above every key a Graphs holds (graphs.LIMIT)
@@ -36,6 +35,8 @@ class Compiler:
     """Compiles regions with ``backend`` (inductor, or a test's); ``broken``: why compiling was turned off."""
 
     def __init__(self, backend: str | Callable = "inductor") -> None:
+        import torch._dynamo  # lazy: a second of imports that only a compiling target needs
+
         self.backend = backend
         self.broken: str | None = None
         # dynamo stops compiling a function after 8 guard sets and runs it eagerly, silently: a target has a
@@ -55,7 +56,7 @@ class Compiler:
                 return region()
             try:
                 return compiled()
-            except torch._dynamo.exc.TorchDynamoException as e:  # tracing or code generation: nothing ran yet
+            except torch._dynamo.exc.TorchDynamoException as e:  # imported by __init__  # tracing or code generation: nothing ran yet
                 self.fail(e)
                 return region()
         return run

@@ -33,21 +33,25 @@ import inspect
 from typing import Optional, Sequence
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
 
+from graft_cli.models.decoder import CausalLM
 
 Rows = list[Optional[torch.Tensor]]  # positions of a cache's blocks: the shared block's, then each layer's own
 
 
-class PositionLayer(CacheLayerMixin):
+class PositionLayer:
     """One attention layer's keys and values: ``[batch, heads, capacity, head_dim]`` views of its cache's block (or
-    of a block of its own); ``filled`` rows are valid. The blocks survive between requests and grow only."""
+    of a block of its own); ``filled`` rows are valid. The blocks survive between requests and grow only. Free of
+    transformers (graft's own forward needs none of it); transformers' models get it under their cache's base
+    classes (graft_cli/runtime/hf_cache.py)."""
 
     is_sliding = False
     is_croppable = True
 
     def __init__(self, cache: PositionCache, number: int) -> None:
-        super().__init__()
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.is_initialized = False
         self.cache, self.number = cache, number
         self.own: torch.Tensor | None = None  # [1, 2, batch, heads, capacity, head_dim] when not in the shared block
         self.filled = 0
@@ -99,12 +103,14 @@ class PositionLayer(CacheLayerMixin):
         self.filled = max(0, self.filled + min(tokens_to_remove, 0))
 
 
-class PositionCache(Cache):
+class PositionCache:
     """A :class:`PositionLayer` per decoder layer over one shared block, reserved per request. ``shared=False``
     (a sharded model): a block per layer, on the layer's device."""
 
+    layer = PositionLayer  # the class of its layers
+
     def __init__(self, layers: int, shared: bool = True) -> None:
-        super().__init__(layers=[PositionLayer(self, i) for i in range(layers)])
+        self.layers = [self.layer(self, i) for i in range(layers)]
         self.shared = shared
         self.capacity = 0
         self.block: torch.Tensor | None = None  # [layers, 2, batch, heads, capacity, head_dim]
@@ -201,6 +207,16 @@ class PositionCache(Cache):
         """Every layer holds ``length`` rows (the fixed-shape path moves them on the device and says so here)."""
         for layer in self.layers:
             layer.filled = length
+
+
+def cache_for(model: torch.nn.Module, layers: int, shared: bool = True) -> PositionCache:
+    """A cache for ``model``'s ``layers``: plain for graft's own forward, which calls its layers itself; under
+    transformers' cache base classes for a transformers model, which checks for them (imported only then)."""
+    if isinstance(model, CausalLM):
+        return PositionCache(layers, shared)
+    from graft_cli.runtime.hf_cache import TransformersCache  # lazy: transformers' cache module
+
+    return TransformersCache(layers, shared)
 
 
 def cache_keyword(model: torch.nn.Module) -> str:

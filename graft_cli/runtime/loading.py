@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-from transformers.utils import logging as hf_logging
 
 from graft_cli.catalog.resolve import resolve_model
 from graft_cli.core import GraftError
 from graft_cli.core.cpu_units import cpu_units
 from graft_cli.models import FORWARDS, own_model, servable
+from graft_cli.models.config import plain_config, plain_generation
 from graft_cli.models.decoder import FUSED
+from graft_cli.models.tokenizer import light_tokenizer
 from graft_cli.runtime.cpu_linear import CpuLinear, use_cpu_linears
 from graft_cli.runtime.limits import Limits, limits
 from graft_cli.runtime.target import input_device
@@ -108,7 +108,40 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map:
         print(f"graft: note: this CPU has no bf16 matrix unit (AMX or AVX512-BF16: {cpu_units().summary()}); "
               "bfloat16 runs emulated, slower than float32", file=sys.stderr)
     device_map = parse_device_map(device_map)
-    path = resolve_model(spec)
+    path = Path(resolve_model(spec))
+    check_forward(forward)
+    plain = plain_config(path) if forward != "transformers" else None
+    if plain is not None and own_forward(forward, plain, device, device_map):
+        model, tokenizer, own = _own(path, plain, torch_dtype), _tokenizer(path, light=True), True
+    else:
+        model, own = _transformers(path, forward, device, device_map, torch_dtype)
+        tokenizer = _tokenizer(path, light=False)
+    if device_map is None:
+        model.to(device)
+    model.eval()
+    # the faster CPU linear kernels (cpu_linear.py); a sharded model's modules belong to accelerate
+    if device == "cpu" and device_map is None and fast_cpu and next(model.parameters()).dtype == torch.float32:
+        use_cpu_linears(model)
+        if own:
+            release_stacked(model)
+    return Loaded(model, tokenizer, path, spec)
+
+
+def _own(path: Path, config: Any, dtype: torch.dtype) -> Any:
+    """graft's own forward over a plainly read config, without transformers (graft_cli/models/config.py)."""
+    limits(config)
+    try:
+        return own_model(config, path, dtype, plain_generation(path))
+    except Exception as e:  # corrupt or missing weights
+        raise GraftError(f"cannot load model from {path}: {_first_line(e)}") from e
+
+
+def _transformers(path: Path, forward: str, device: str, device_map: str | dict | None,
+                  dtype: torch.dtype) -> tuple[Any, bool]:
+    """The model through transformers' config (its modules, or graft's own where ``forward`` picks them), and
+    whether the modules are graft's."""
+    from transformers import AutoConfig, AutoModelForCausalLM  # lazy: seconds that graft's own forward skips
+
     with quiet_transformers():
         try:
             config = AutoConfig.from_pretrained(path, local_files_only=True)
@@ -120,23 +153,27 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map:
             placement = dict(device_map=device_map, offload_folder=os.path.join(tempfile.gettempdir(), "graft-offload"))
         own = own_forward(forward, config, device, device_map)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
             if own:
-                model = own_model(config, Path(path), torch_dtype, generation_config(Path(path)))
-            else:
-                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa",
-                                                             local_files_only=True, **placement)
+                return own_model(config, path, dtype, generation_config(path)), True
+            return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa",
+                                                        local_files_only=True, **placement), False
         except Exception as e:  # corrupt weights, missing files, unsupported architecture, a bad device map
             raise GraftError(f"cannot load model from {path}: {_first_line(e)}") from e
-    if device_map is None:
-        model.to(device)
-    model.eval()
-    # the faster CPU linear kernels (cpu_linear.py); a sharded model's modules belong to accelerate
-    if device == "cpu" and device_map is None and fast_cpu and next(model.parameters()).dtype == torch.float32:
-        use_cpu_linears(model)
-        if own:
-            release_stacked(model)
-    return Loaded(model, tokenizer, Path(path), spec)
+
+
+def _tokenizer(path: Path, light: bool) -> Any:
+    """The model's tokenizer: read without transformers where ``light`` and graft_cli/models/tokenizer.py's rule
+    allow it, else transformers'."""
+    tokenizer = light_tokenizer(path) if light else None
+    if tokenizer is not None:
+        return tokenizer
+    from transformers import AutoTokenizer  # lazy: as in _transformers
+
+    with quiet_transformers():
+        try:
+            return AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except Exception as e:
+            raise GraftError(f"cannot load the tokenizer from {path}: {_first_line(e)}") from e
 
 
 def release_stacked(model: torch.nn.Module) -> None:
@@ -179,6 +216,8 @@ def generation_config(path: Path) -> Any:
 def quiet_transformers() -> Iterator[None]:
     """transformers' warnings and progress bars off while graft loads a model, then as they were: stderr carries
     graft's own progress and logs, and a program that loads through graft keeps its own logging settings."""
+    from transformers.utils import logging as hf_logging  # lazy: as in _transformers
+
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()

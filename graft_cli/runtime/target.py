@@ -18,7 +18,7 @@ import torch
 
 from graft_cli.runtime.attention import use_split_attention
 from graft_cli.runtime.attention_kernels import attention_kernels
-from graft_cli.runtime.kv_cache import PositionCache, cache_keyword
+from graft_cli.runtime.kv_cache import cache_for, cache_keyword
 from graft_cli.runtime.sampling import Noise, Sampling, pick
 from graft_cli.runtime.verify import accept
 from graft_cli.core import ROOM, Needs, Step, Tree
@@ -101,7 +101,7 @@ class Target:
         self.dtype = next(model.parameters()).dtype
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         # one KV block for all layers, unless the model is sharded (each layer's cache then stays on its device)
-        self.cache = PositionCache(config.num_hidden_layers, shared=len({p.device for p in model.parameters()}) == 1)
+        self.cache = cache_for(model, config.num_hidden_layers, shared=len({p.device for p in model.parameters()}) == 1)
         self.cached = {cache_keyword(model): self.cache}  # the forward keyword argument that passes the cache
         self.length = 0  # tokens held in the cache
         self.chunk = max(1, chunk)

@@ -34,8 +34,6 @@ from typing import Optional, Sequence
 
 import torch
 
-from graft_cli.models.decoder import CausalLM
-
 Rows = list[Optional[torch.Tensor]]  # positions of a cache's blocks: the shared block's, then each layer's own
 
 
@@ -207,16 +205,6 @@ class PositionCache:
         """Every layer holds ``length`` rows (the fixed-shape path moves them on the device and says so here)."""
         for layer in self.layers:
             layer.filled = length
-
-
-def cache_for(model: torch.nn.Module, layers: int, shared: bool = True) -> PositionCache:
-    """A cache for ``model``'s ``layers``: plain for graft's own forward, which calls its layers itself; under
-    transformers' cache base classes for a transformers model, which checks for them (imported only then)."""
-    if isinstance(model, CausalLM):
-        return PositionCache(layers, shared)
-    from graft_cli.runtime.hf_cache import TransformersCache  # lazy: transformers' cache module
-
-    return TransformersCache(layers, shared)
 
 
 def cache_keyword(model: torch.nn.Module) -> str:

@@ -18,7 +18,8 @@ import torch
 
 from graft_cli.runtime.attention import use_split_attention
 from graft_cli.runtime.attention_kernels import attention_kernels
-from graft_cli.runtime.kv_cache import cache_for, cache_keyword
+from graft_cli.models.decoder import CausalLM
+from graft_cli.runtime.kv_cache import PositionCache, cache_keyword
 from graft_cli.runtime.sampling import Noise, Sampling, pick
 from graft_cli.runtime.verify import accept
 from graft_cli.core import ROOM, Needs, Step, Tree
@@ -92,6 +93,16 @@ def input_device(model: torch.nn.Module) -> torch.device:
     if device.type == "meta":
         device = torch.device(getattr(getattr(embed, "_hf_hook", None), "execution_device", None) or "cpu")
     return device
+
+
+def cache_for(model: torch.nn.Module, layers: int, shared: bool = True) -> PositionCache:
+    """A cache for ``model``'s ``layers``: plain for graft's own forward, which calls its layers itself; under
+    transformers' cache base classes for a transformers model, which checks for them (imported only then)."""
+    if isinstance(model, CausalLM):
+        return PositionCache(layers, shared)
+    from graft_cli.runtime.hf_cache import TransformersCache  # lazy: transformers' cache module
+
+    return TransformersCache(layers, shared)
 
 
 class Target:

@@ -24,7 +24,7 @@ PROBE = """
 import json, sys
 from graft_cli.cli import main
 try:
-    main(["generate", "Hi", "-n", "1", "--threads", "1", "--forward", "own"])
+    main(["generate", "Hi", "-n", "1", "--threads", "1", "--device", "cpu"])  # --forward auto: the own forward
 except SystemExit as e:
     assert not e.code, e.code
 unneeded = {unneeded!r}

@@ -102,6 +102,7 @@ def _copy(tmp_path: Path, config: dict | None = None, template: str | None = Non
     ({"tokenizer_class": "LlamaTokenizer"}, None),  # a class that rebuilds its own pipeline
     ({"some_new_setting": 1}, None),  # a setting the light tokenizer does not know
     ({"eos_token": "<|not-a-token|>"}, None),  # transformers would add the token
+    ({"added_tokens_decoder": {"5": {"content": "<file_sep>", "special": False}}}, None),  # a token's flag changed
     ({}, "{% generation %}{{ messages[0]['content'] }}{% endgeneration %}"),  # transformers' own tag
 ])
 def test_what_the_light_tokenizer_would_not_reproduce_loads_through_transformers(tmp_path, config, template):

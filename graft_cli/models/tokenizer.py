@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from graft_cli.models.chat import compile_template, render
 
@@ -37,16 +37,18 @@ KNOWN = {  # tokenizer_config.json keys and the values the light tokenizer repro
     "clean_up_tokenization_spaces": (False,), "split_special_tokens": (False,), "add_bos_token": (False,),
     "add_eos_token": (False,), **{name: None for name in SPECIALS},
 }
+ADDED = ("content", "special", "lstrip", "rstrip", "normalized", "single_word")  # an added token's settings
 QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
                r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
 
 
 def _qwen2(backend: Tokenizer) -> Tokenizer | None:
     """Qwen2's pipeline over the file's vocabulary and merges, as transformers' Qwen2 tokenizer builds it."""
-    model = json.loads(backend.to_str())["model"]
+    model = backend.model
     plain_bpe = {"dropout": None, "unk_token": None, "continuing_subword_prefix": "", "end_of_word_suffix": "",
-                 "fuse_unk": False, "byte_fallback": False}
-    if model.get("type") != "BPE" or any(model.get(key) != value for key, value in plain_bpe.items()):
+                 "fuse_unk": False, "byte_fallback": False, "ignore_merges": False}
+    if not isinstance(model, models.BPE) or any((getattr(model, key) or value) != value
+                                                 for key, value in plain_bpe.items()):
         return None
     backend.normalizer = normalizers.NFC()
     backend.pre_tokenizer = pre_tokenizers.Sequence([
@@ -139,7 +141,8 @@ def light_tokenizer(directory: Path) -> LightTokenizer | None:
     added = backend.get_added_tokens_decoder()
     listed = {int(i): entry for i, entry in (config.get("added_tokens_decoder") or {}).items()}
     if any(backend.token_to_id(token) is None for token in specials.values()) or any(
-            i not in added or added[i].content != entry.get("content") for i, entry in listed.items()):
+            i not in added or any(getattr(added[i], key) != entry.get(key, getattr(added[i], key)) for key in ADDED)
+            for i, entry in listed.items()):
         return None
     source = _chat_template(directory, config)
     compiled = None if not source else compile_template(source)

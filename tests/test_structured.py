@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import json
+import sys
 from itertools import count
 from time import perf_counter
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from graft_cli.core import ROOT, GraftError, Tree
 from graft_cli.grammar import COPIED, FORCED, CopiedValues, GrammarConstraint, GrammarTokenizer, json_schema, regex
@@ -16,6 +18,7 @@ from graft_cli.runtime.engine import decode
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
 from tests.bench_fixtures import run_cli, tiny_dir  # noqa: F401 - tiny_dir: the fixture
+from tests.test_device import READS
 from tests.tiny import OracleTreeProposer, StaticProposer, tiny_smollm2
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -87,15 +90,45 @@ def test_sampled_text_is_the_same_for_a_seed_with_any_tree(tiny):
         assert graft == plain
 
 
-def test_the_fixed_shape_path_runs_a_grammar_eagerly_to_the_same_tokens(tiny):
+class Transfers(TorchFunctionMode):
+    """Counts graft's host-to-device copies (``copy_``, ``to`` a device) and its device-to-host reads (as
+    tests/test_device.py's Discipline counts them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.uploads, self.reads = 0, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        where = sys._getframe(1).f_code.co_filename
+        # the noise ring's copies (device_accept.py) are device to device: its rows are drawn on the device
+        if "graft_cli/" in where and not where.endswith("device_accept.py"):
+            self.reads += name in READS
+            self.uploads += name == "copy_" or (name == "to" and "cpu" not in map(str, (*args[1:], *kwargs.values())))
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.8, top_k=20)], ids=["greedy", "sampled"])
+def test_the_fixed_shape_path_takes_the_masks_in_its_one_upload(tiny, sampling):
+    """On the fixed-shape path a constrained step's masks ride in the inputs' one copy and are applied by the
+    acceptance region: the eager path's tokens, one upload and one read a step."""
     from graft_cli.runtime.fixed_target import make_target
 
-    grammar = json_schema(PERSON)
-    truth, _ = run(tiny, grammar, Empty(), drafts=False)
-    prompt_len = len(tiny[1].encode("Extract the person: Ada, 36, from Oslo."))
-    fixed, _ = run(tiny, grammar, OracleTreeProposer(truth, prompt_len, 4, "mixed", 49152),
-                   target=lambda model: make_target(model, "on"))
-    assert fixed == truth
+    model, tokenizer, grammar_tokenizer = tiny
+    grammar, prompt = json_schema(PERSON), tokenizer.encode("Extract the person: Ada, 36, from Oslo.")
+    truth, _ = run(tiny, grammar, Empty(), sampling, seed=3, drafts=False)
+    proposer = OracleTreeProposer(truth, len(prompt), 4, "mixed", 49152)
+    constraint = GrammarConstraint(grammar, grammar_tokenizer, perf_counter, True, prompt)
+    steps = decode(make_target(model, "on"), proposer, prompt, sampling, 40, {STOP}, 3, constraint=constraint)
+    got, counts, mode = list(next(steps)), [], Transfers()
+    with mode:
+        for new in steps:
+            got += new
+            counts.append((mode.uploads, mode.reads))
+            mode.uploads, mode.reads = 0, 0
+    assert got == truth
+    assert len(counts) > 3 and set(counts) == {(1, 1)}
 
 
 def test_the_mask_prunes_rejected_nodes_and_their_subtrees(tiny):

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 from graft_cli.core.tree import Tree
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 
@@ -21,6 +22,10 @@ class Constraint(Protocol):
     def masked(self, tree: Tree, logits: "torch.Tensor") -> "torch.Tensor":
         """``logits [1 + len(tree), V]`` with every token the constraint forbids at each row -- the root's, node
         i's after its own path -- set to minus infinity, so that acceptance chooses among allowed tokens only."""
+
+    def bitmask(self, tree: Tree) -> "np.ndarray":
+        """The same rows' allowed tokens packed ``[1 + len(tree), words]`` int32, token t at bit ``t % 32`` of
+        word ``t // 32``: what the fixed-shape path uploads with a step's inputs and applies on the device."""
 
     def advance(self, tokens: Sequence[int]) -> None:
         """The accepted tokens of a step (a stop token ends the text: it is not fed)."""

@@ -99,8 +99,25 @@ class GrammarConstraint:
         self.matcher.rollback(fed)
         return tokens[:fed] + ([self.tokenizer.end] if done else [])
 
+    def bitmask(self, tree: Tree) -> np.ndarray:
+        """Every row's allowed tokens packed as the engine packs them, ``[1 + len(tree), words]`` int32 (token t:
+        bit ``t % 32`` of word ``t // 32``): the root's row, then node i's after its own path. What the
+        fixed-shape path uploads with a step's inputs."""
+        began = self.clock()
+        packed = self._packed(tree)
+        self.seconds += self.clock() - began
+        return packed
+
     def masked(self, tree: Tree, logits: torch.Tensor) -> torch.Tensor:
         began = self.clock()
+        allowed = np.unpackbits(self._packed(tree).view(np.uint8), axis=1, bitorder="little")[:, : logits.shape[-1]]
+        if allowed.shape[1] < logits.shape[-1]:  # ids past the tokenizer's (padding rows of an embedding): never
+            allowed = np.pad(allowed, ((0, 0), (0, logits.shape[-1] - allowed.shape[1])))
+        forbidden = torch.from_numpy(allowed == 0).to(logits.device)
+        self.seconds += self.clock() - began
+        return logits.masked_fill(forbidden, float("-inf"))
+
+    def _packed(self, tree: Tree) -> np.ndarray:
         packed = np.full((len(tree) + 1, self.words), -1, dtype=np.int32)  # an invalid node's row: anything
 
         def mask(row: int) -> None:
@@ -112,14 +129,9 @@ class GrammarConstraint:
 
         mask(0)
         self._walk(tree, None, mask)
-        allowed = np.unpackbits(packed.view(np.uint8), axis=1, bitorder="little")[:, : logits.shape[-1]]
-        if allowed.shape[1] < logits.shape[-1]:  # ids past the tokenizer's (padding rows of an embedding): never
-            allowed = np.pad(allowed, ((0, 0), (0, logits.shape[-1] - allowed.shape[1])))
-        if not allowed.any(axis=1).all():
+        if not packed.any(axis=1).all():
             raise GraftError(f"the grammar allows no token here: {self.matcher.get_error() or 'no continuation'}")
-        forbidden = torch.from_numpy(allowed == 0).to(logits.device)
-        self.seconds += self.clock() - began
-        return logits.masked_fill(forbidden, float("-inf"))
+        return packed
 
     def _walk(self, tree: Tree, forced: Callable[[], list[int]] | None,
               visit: Callable[[int], None] | None = None) -> tuple[list[int], dict[int, list[int]]]:

@@ -160,6 +160,39 @@ def test_forced_tokens_extend_the_root_and_the_drafted_paths(tiny):
     assert sum(path.startswith(', "age":') for path in paths) == 2  # under the root, and after the drafted ", "
 
 
+def test_forced_and_copied_nodes_are_priced_with_the_proposers(tiny):
+    """Nodes the grammar adds (here copied ones, a guess) are cut with the proposer's, best first, to the count
+    its cost model pays for."""
+    _, tokenizer, grammar_tokenizer = tiny
+    prompt = tokenizer.encode("Extract the person: Dr. Helena Marsh, 52, moved from Cork to Lisbon.")
+    constraint = GrammarConstraint(json_schema(PERSON), grammar_tokenizer, perf_counter, prompt=prompt)
+    constraint.advance(tokenizer.encode('{"name": "Hel'))
+    drafted = Tree()
+    drafted.add_path(tokenizer.encode("ena"), [0.9] * len(tokenizer.encode("ena")), "draft")
+    drafted.add_path(tokenizer.encode("ga"), [0.1] * len(tokenizer.encode("ga")), "draft")
+    whole = constraint.shape(drafted)
+    assert {node.source for node in whole.nodes} == {COPIED, "draft"}
+    asked = []
+    cut = constraint.shape(drafted, lambda scores: asked.append(list(scores)) or 4)
+    assert asked == [sorted(asked[0], reverse=True)] and len(asked[0]) == len(whole)  # every node, best first
+    assert len(cut) == 4 and all(node.score >= 0.5 for node in cut.nodes)  # the 0.1 guess went first
+
+
+def test_a_grammar_compiles_once_and_each_matcher_starts_fresh(tiny, monkeypatch):
+    import llguidance
+
+    _, tokenizer, grammar_tokenizer = tiny
+    grammar = regex(r"[0-9]{4} once")  # a grammar no other test compiled on this tokenizer
+    made, real = [], llguidance.LLMatcher
+    monkeypatch.setattr(llguidance, "LLMatcher", lambda *a, **k: made.append(a) or real(*a, **k))
+    grammar_tokenizer.check(grammar)  # compiled to check it: kept for the request's matcher
+    first = grammar_tokenizer.matcher(grammar)
+    assert first.consume_token(tokenizer.convert_tokens_to_ids("1"))
+    second = grammar_tokenizer.matcher(grammar)
+    assert len(made) == 1 and second.is_accepting() is False and second.compute_ff_tokens() == []
+    assert second.consume_token(tokenizer.convert_tokens_to_ids("2"))  # its own state, not the first's
+
+
 def test_the_end_is_all_a_finished_grammar_allows_and_costs_no_forward(tiny):
     _, tokenizer, grammar_tokenizer = tiny
     ticks = count()

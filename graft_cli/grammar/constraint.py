@@ -20,6 +20,7 @@ from graft_cli.grammar.spec import Grammar, GrammarTokenizer
 FORCED = "forced"  # the source name of nodes the grammar forced (Stats.accepted counts them under it)
 FORCED_NODES = 48  # forced nodes a step may add past the proposer's tree (each costs a verified row)
 COPIED_NODES = 8  # copied nodes likewise (a guess, unlike a forced chain: fewer)
+COPIED_SCORE = 0.5  # a copied node's acceptance estimate: where the value ends in the prompt is a guess
 
 
 class GrammarConstraint:
@@ -58,7 +59,9 @@ class GrammarConstraint:
     def ending(self) -> list[int]:
         return [self.tokenizer.end] if self.matcher.is_stopped() and self.tokenizer.end is not None else []
 
-    def shape(self, tree: Tree) -> Tree:
+    def shape(self, tree: Tree, price: Callable[[Sequence[float]], int] | None = None) -> Tree:
+        """Also: a forced node is as likely as the node it follows (the grammar allows nothing else after it), a
+        copied one is a guess (:data:`COPIED_SCORE`); ``price`` None keeps every node."""
         began = self.clock()
         valid, forced = self._walk(tree, lambda: self.tokenizer.forced(self.matcher) if self.drafts else [])
         shaped = tree if len(valid) == len(tree) else tree.subtree(valid)
@@ -78,8 +81,10 @@ class GrammarConstraint:
         for text in self.copied.propose(self.output) if room > 0 else []:
             before = len(shaped)
             tokens = self._copy(text)[:room]
-            shaped.add_path(tokens, [1.0] * len(tokens), COPIED)
+            shaped.add_path(tokens, [COPIED_SCORE] * len(tokens), COPIED)
             room -= len(shaped) - before
+        if price is not None:  # forced and copied nodes compete with the proposer's for the rows a step pays
+            shaped = shaped.select(price([shaped.nodes[i].score for i in shaped.ranked()]))
         self.seconds += self.clock() - began
         return shaped
 

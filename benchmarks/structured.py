@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from time import perf_counter
 
 import torch
 
@@ -68,10 +69,13 @@ def run(generators: dict, task: dict, turn: int, tagged: bool | None, max_new_to
     out = {}
     for name in order:
         method, extra = settings[name]
+        began = perf_counter()  # the whole call: the request's check (its grammar compiled) and encoding too
         done = generators[method].generate(messages=messages, max_new_tokens=max_new_tokens, **extra)
+        request_s = perf_counter() - began
         stats = done.stats
         out[name] = {"tokens": done.token_ids, "text": done.text, "finish": done.finish_reason,
-                     "new_tokens": stats.new_tokens, "wall_s": stats.wall, "steps": stats.steps,
+                     "new_tokens": stats.new_tokens, "wall_s": request_s, "before_s": request_s - stats.wall,
+                     "phases": dict(stats.times), "steps": stats.steps,
                      "prefill_s": stats.times.get("prefill", 0.0),
                      "forced": stats.accepted.get("forced", 0), "copied": stats.accepted.get("copied", 0),
                      "grammar_s": stats.times.get("grammar", 0.0),
@@ -113,11 +117,31 @@ def table(rows: list[dict], same: int, total: int) -> str:
     return "\n".join(lines)
 
 
+PARTS = (("before decoding", None), ("prefill", "prefill"), ("drafting's start", "start"),
+         ("propose", "propose"), ("verify", "verify"), ("update", "update"), ("grammar (host)", "grammar"))
+
+
+def breakdown(results: list[dict]) -> str:
+    """Where a request's time goes, per configuration: milliseconds per request, mean over the tasks. Before
+    decoding: the request's check (its grammar compiled), its encoding and the matcher; the grammar's host time
+    is inside propose (its checks, forced and copied drafts) and verify (the masks, the accepted tokens fed)."""
+    lines = ["| configuration | request | " + " | ".join(name for name, _ in PARTS) + " | steps |",
+             "|---|" + "---|" * (len(PARTS) + 2)]
+    for name in CONFIGS:
+        runs = [r[name] for r in results]
+
+        def ms(key: str | None) -> float:
+            return 1000 * sum(x["before_s"] if key is None else x["phases"].get(key, 0.0) for x in runs) / len(runs)
+
+        lines.append(f"| {name} | {1000 * sum(x['wall_s'] for x in runs) / len(runs):.1f} | "
+                     + " | ".join(f"{ms(key):.1f}" for _, key in PARTS)
+                     + f" | {sum(x['steps'] for x in runs) / len(runs):.1f} |")
+    return "\n".join(lines)
+
+
 def mask_cost(loaded) -> str:
     """One row's mask, timed alone: every extraction task's answer of placeholder values fed token by token, the
     mask computed before each (the first rows of a grammar build its lexer's states, hence the mean)."""
-    from time import perf_counter
-
     from graft_cli.grammar import GrammarTokenizer, json_schema
 
     grammars = GrammarTokenizer(loaded.tokenizer, loaded.model.get_input_embeddings().num_embeddings, set())
@@ -177,7 +201,7 @@ def main() -> None:
     rows = summary(results)
     (args.out / "structured.json").write_text(json.dumps({"model": args.model, "draft": args.draft, "rows": rows,
                                                           "same_tokens": same, "tasks": results}, indent=1))
-    report = table(rows, same, len(results))
+    report = table(rows, same, len(results)) + "\n\nms per request (mean):\n\n" + breakdown(results)
     (args.out / "structured.md").write_text(report + "\n")
     print(report)
 

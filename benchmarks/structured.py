@@ -2,7 +2,7 @@
 answered by `ar` under its grammar, graft under it, and graft free, in one process over one loaded model.
 
     python -m benchmarks.structured --out DIR [--model smollm2-135m-instruct] [--draft MODEL] [--threads 1]
-        [--max-new-tokens 128] [--limit N]
+        [--max-new-tokens 128] [--limit N] [--dtype float32|mixed] [--forward auto|own|transformers]
 
 Per configuration: tokens per second (all tokens over all seconds; and over the seconds after the prefill, which
 is the same work for all three while their answers differ in length), tau (tokens per target forward), the share of
@@ -10,7 +10,8 @@ tokens drafted because the grammar forced them, the grammar's host time per step
 task's schema; a call of one of its functions with the arguments it requires). Whether graft's constrained tokens
 are ar's, task by task. A tool task goes through the chat template's tools where it knows them (Qwen2.5's, in its
 tags), else its functions are listed in the prompt and the call is one bare JSON object. Tasks run in turn, the
-three configurations rotating which goes first, so a shared machine's drift hits them alike.
+three configurations rotating which goes first, so a shared machine's drift hits them alike. The model runs as
+``graft generate`` runs it on a CPU (``--forward auto``: graft's own forward for Llama and Qwen2).
 """
 
 from __future__ import annotations
@@ -172,13 +173,15 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--mask-cost", action="store_true", help="time one row's mask alone, and stop")
     parser.add_argument("--limit", type=int, default=0, help="N tasks only, half of each kind (0: all)")
+    parser.add_argument("--dtype", default="float32", help="float32, or mixed (a CPU's prompts in bf16)")
+    parser.add_argument("--forward", default="auto", help="whose modules run the model, as generate's --forward")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tasks = [json.loads(line) for line in TASKS.read_text().splitlines() if line.strip()]
     if args.limit:
         kinds = [[t for t in tasks if t["kind"] == kind] for kind in ("extraction", "tool_call")]
         tasks = kinds[0][: args.limit // 2] + kinds[1][: args.limit - args.limit // 2]
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, "cpu", args.dtype, forward=args.forward)
     if args.mask_cost:
         print(mask_cost(loaded))
         return

@@ -53,7 +53,7 @@ class Settings:
     # request at a time a CPU verifies a few more tokens in about the time of one, so a token accepted one time in
     # ten still pays, while a withheld chain costs a whole step whenever it would have been accepted. Replayed on
     # the greedy outputs of SmolLM2-135M (12 quoted stdlib files and 12 chat prompts, 160 tokens each), 0.1 and 1
-    # took 10% fewer steps than 0.3 and 2 on the code and 9% fewer on the chat, still well ahead of ``ngram`` in
+    # took 9-10% fewer steps than 0.3 and 2 on the code and 9% fewer on the chat, still well ahead of ``ngram`` in
     # accepted tokens per chain.
     min_score: float = 0.1
     min_expected: float = 1.0

@@ -8,8 +8,8 @@ import json
 from types import SimpleNamespace
 
 from benchmarks import agent_tools
-from graft_cli.server.tools import Tools
 from benchmarks.agent_tools import FUNCTIONS, episodes, policy_without_tool_list, renders_tools, tools_in_text
+from graft_cli.server.tools import Tools
 
 
 def test_the_policy_keeps_its_rules_but_not_its_tool_list():

@@ -64,3 +64,25 @@ def test_a_template_with_tools_gets_them_and_the_calls_as_tool_calls():
     assert turns[-1].messages[3]["tool_call_id"] == call["tool_calls"][0]["id"]
     assert renders_tools(SimpleNamespace(chat_template="{% if tools %}...{% endif %}"))
     assert not renders_tools(SimpleNamespace(chat_template="{{ message['content'] }}"))
+
+
+def test_the_runs_are_compared_end_to_end_over_the_hits_and_in_decoding():
+    from benchmarks.prefix_cache import compared  # here: it imports torch, which the tests above do not need
+
+    def request(wall: float, ttft: float, new: int = 10) -> dict:
+        return dict(ids=[1] * new, new=new, wall=wall, ttft=ttft, cached=0, prompt=100, steps=new // 2, gained=new)
+
+    cold, hit = 4.0, 0.1  # the first request misses in every run; a cached run's later ones hit
+    done = {"ar": [request(cold + 1.0, cold)] * 3,
+            "ar + prefix cache": [request(cold + 1.0, cold)] + [request(1.1, hit)] * 2,
+            "graft": [request(cold + 0.5, cold)] * 3,
+            "graft + prefix + response caches": [request(cold + 0.5, cold)] + [request(0.6, hit)] * 2}
+    runs = {label: ("ar" if label.startswith("ar") else "graft", "cache" in label, "response" in label)
+            for label in done}
+    generators = {label: SimpleNamespace(close=lambda: None) for label in done}
+    out = compared(runs, generators, done)
+    assert out["ar"]["decode_tokens_per_s"] == 9.0 and out["graft"]["decode_tokens_per_s"] == 18.0
+    assert out["graft + caches vs ar + prefix cache, hits"] == round(1.1 / 0.6, 2)
+    assert out["graft + caches vs ar + prefix cache"] == round((5.0 + 2.2) / (4.5 + 1.2), 2)
+    assert out["ar + prefix cache"]["ttft_miss_s"] == cold and out["ar + prefix cache"]["ttft_hit_s"] == hit
+    assert out["graft"]["tau"] == 2.0 and out["identical"]

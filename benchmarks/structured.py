@@ -2,7 +2,7 @@
 answered by `ar` under its grammar, graft under it, and graft free, in one process over one loaded model.
 
     python -m benchmarks.structured --out DIR [--model smollm2-135m-instruct] [--draft MODEL] [--threads 1]
-        [--max-new-tokens 128] [--limit N]
+        [--max-new-tokens 128] [--limit N] [--dtype float32|mixed] [--forward auto|own|transformers]
 
 Per configuration: tokens per second (all tokens over all seconds; and over the seconds after the prefill, which
 is the same work for all three while their answers differ in length), tau (tokens per target forward), the share of
@@ -10,7 +10,8 @@ tokens drafted because the grammar forced them, the grammar's host time per step
 task's schema; a call of one of its functions with the arguments it requires). Whether graft's constrained tokens
 are ar's, task by task. A tool task goes through the chat template's tools where it knows them (Qwen2.5's, in its
 tags), else its functions are listed in the prompt and the call is one bare JSON object. Tasks run in turn, the
-three configurations rotating which goes first, so a shared machine's drift hits them alike.
+three configurations rotating which goes first, so a shared machine's drift hits them alike. The model runs as
+``graft generate`` runs it on a CPU (``--forward auto``: graft's own forward for Llama and Qwen2).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from time import perf_counter
 
 import torch
 
@@ -68,10 +70,13 @@ def run(generators: dict, task: dict, turn: int, tagged: bool | None, max_new_to
     out = {}
     for name in order:
         method, extra = settings[name]
+        began = perf_counter()  # the whole call: the request's check (its grammar compiled) and encoding too
         done = generators[method].generate(messages=messages, max_new_tokens=max_new_tokens, **extra)
+        request_s = perf_counter() - began
         stats = done.stats
         out[name] = {"tokens": done.token_ids, "text": done.text, "finish": done.finish_reason,
-                     "new_tokens": stats.new_tokens, "wall_s": stats.wall, "steps": stats.steps,
+                     "new_tokens": stats.new_tokens, "wall_s": request_s, "before_s": request_s - stats.wall,
+                     "phases": dict(stats.times), "steps": stats.steps,
                      "prefill_s": stats.times.get("prefill", 0.0),
                      "forced": stats.accepted.get("forced", 0), "copied": stats.accepted.get("copied", 0),
                      "grammar_s": stats.times.get("grammar", 0.0),
@@ -113,11 +118,31 @@ def table(rows: list[dict], same: int, total: int) -> str:
     return "\n".join(lines)
 
 
+PARTS = (("before decoding", None), ("prefill", "prefill"), ("drafting's start", "start"),
+         ("propose", "propose"), ("verify", "verify"), ("update", "update"), ("grammar (host)", "grammar"))
+
+
+def breakdown(results: list[dict]) -> str:
+    """Where a request's time goes, per configuration: milliseconds per request, mean over the tasks. Before
+    decoding: the request's check (its grammar compiled), its encoding and the matcher; the grammar's host time
+    is inside propose (its checks, forced and copied drafts) and verify (the masks, the accepted tokens fed)."""
+    lines = ["| configuration | request | " + " | ".join(name for name, _ in PARTS) + " | steps |",
+             "|---|" + "---|" * (len(PARTS) + 2)]
+    for name in CONFIGS:
+        runs = [r[name] for r in results]
+
+        def ms(key: str | None) -> float:
+            return 1000 * sum(x["before_s"] if key is None else x["phases"].get(key, 0.0) for x in runs) / len(runs)
+
+        lines.append(f"| {name} | {1000 * sum(x['wall_s'] for x in runs) / len(runs):.1f} | "
+                     + " | ".join(f"{ms(key):.1f}" for _, key in PARTS)
+                     + f" | {sum(x['steps'] for x in runs) / len(runs):.1f} |")
+    return "\n".join(lines)
+
+
 def mask_cost(loaded) -> str:
     """One row's mask, timed alone: every extraction task's answer of placeholder values fed token by token, the
     mask computed before each (the first rows of a grammar build its lexer's states, hence the mean)."""
-    from time import perf_counter
-
     from graft_cli.grammar import GrammarTokenizer, json_schema
 
     grammars = GrammarTokenizer(loaded.tokenizer, loaded.model.get_input_embeddings().num_embeddings, set())
@@ -148,13 +173,15 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--mask-cost", action="store_true", help="time one row's mask alone, and stop")
     parser.add_argument("--limit", type=int, default=0, help="N tasks only, half of each kind (0: all)")
+    parser.add_argument("--dtype", default="float32", help="float32, or mixed (a CPU's prompts in bf16)")
+    parser.add_argument("--forward", default="auto", help="whose modules run the model, as generate's --forward")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tasks = [json.loads(line) for line in TASKS.read_text().splitlines() if line.strip()]
     if args.limit:
         kinds = [[t for t in tasks if t["kind"] == kind] for kind in ("extraction", "tool_call")]
         tasks = kinds[0][: args.limit // 2] + kinds[1][: args.limit - args.limit // 2]
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, "cpu", args.dtype, forward=args.forward)
     if args.mask_cost:
         print(mask_cost(loaded))
         return
@@ -177,7 +204,7 @@ def main() -> None:
     rows = summary(results)
     (args.out / "structured.json").write_text(json.dumps({"model": args.model, "draft": args.draft, "rows": rows,
                                                           "same_tokens": same, "tasks": results}, indent=1))
-    report = table(rows, same, len(results))
+    report = table(rows, same, len(results)) + "\n\nms per request (mean):\n\n" + breakdown(results)
     (args.out / "structured.md").write_text(report + "\n")
     print(report)
 

@@ -6,6 +6,11 @@ longest matching suffix contributes its continuation to a trie, scored by counts
 datastore scores its matches (the same code: ``datastores.suffix_array.continuation_trie``).
 Scores are then calibrated per matched length (``plugins.calibration``): long matches earn verification slots,
 one-token matches few.
+
+With ``periodic``, a continuation that runs into the end of the context goes on as it began: the occurrence
+ending ``p`` tokens back was followed by the context's last ``p`` tokens, which end with the matched n-gram again,
+so text that goes on as it did repeats them (a loop, a list, a table row); without it such a continuation stops
+at the context's end, short, and weighs as a match that ended there.
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ class PromptLookup(RetrieverDefaults):
     stateless = False  # its index is of the real context
     calibrated = True  # by LookupCalibration, per matched length
 
-    def __init__(self, min_match: int = 1, max_match: int = 8, max_length: int = 10, max_matches: int = 8) -> None:
+    def __init__(self, min_match: int = 1, max_match: int = 8, max_length: int = 10, max_matches: int = 8,
+                 periodic: bool = False) -> None:
         if not 1 <= min_match <= max_match:
             raise ValueError("prompt lookup needs 1 <= min_match <= max_match")
         self.min_match, self.max_match = min_match, max_match
         self.max_length, self.max_matches = max_length, max_matches
+        self.periodic = periodic  # a continuation cut by the context's end repeats (module docstring)
         self.tokens: list[int] = []
         self.ends: dict[tuple[int, ...], list[int]] = defaultdict(list)  # n-gram -> positions of its last token
         self.calibration = LookupCalibration()  # its one calibration layer (the proposer adds none)
@@ -61,13 +68,20 @@ class PromptLookup(RetrieverDefaults):
             # costs max_matches, not its count
             ends = [e for e in self.ends.get(tuple(self.tokens[last - n + 1 :]), [])[-self.max_matches - 1 :] if e < last]
             if ends:
-                conts = [self.tokens[e + 1 : e + 1 + self.max_length] for e in ends[-self.max_matches :]]
+                conts = [self._continuation(e) for e in ends[-self.max_matches :]]
                 rows = np.full((len(conts), max(map(len, conts))), SEP, dtype=np.uint32)
                 for row, cont in zip(rows, conts):
                     row[: len(cont)] = cont
                 tree = to_tree(continuation_trie(rows, budget), self.name)
                 return self.calibration.apply(tree, len(context), match_group(n))
         return Tree()
+
+    def _continuation(self, end: int) -> list[int]:
+        """The tokens that followed position ``end`` (before the context's last), at most ``max_length``."""
+        cont = self.tokens[end + 1 : end + 1 + self.max_length]
+        if self.periodic and len(cont) < self.max_length:
+            cont = (cont * -(-self.max_length // len(cont)))[: self.max_length]
+        return cont
 
 
 def make(env: RetrieverEnv) -> PromptLookup:
@@ -76,4 +90,5 @@ def make(env: RetrieverEnv) -> PromptLookup:
         max_match=option(env, "max_match", 8, int),
         max_length=option(env, "max_length", 10, int),
         max_matches=option(env, "max_matches", 8, int),
+        periodic=option(env, "periodic", False, bool),
     )

@@ -71,3 +71,23 @@ def test_a_long_prompt_gives_the_trie_of_a_full_scan():
         got.start(context)
         tree = got.retrieve(context, 16)
         assert [(x.parent, x.token, x.score) for x in tree.nodes] == [(x.parent, x.token, x.score) for x in want.nodes]
+
+
+def test_periodic_continues_a_match_that_runs_into_the_context_end():
+    """A loop the context has just begun: the only occurrence of the suffix ends 2 tokens back, so its
+    continuation is cut by the context's end unless it repeats."""
+    context = [9, 1, 2, 1, 2, 1]
+
+    def best_path(cache: PromptLookup) -> list[int]:
+        cache.start(context)
+        tree, path, parent = cache.retrieve(context, 32), [], ROOT
+        while kids := tree.children(parent):
+            parent = max(kids, key=lambda i: tree.nodes[i].score)
+            path.append(tree.nodes[parent].token)
+        return path
+
+    assert best_path(PromptLookup(min_match=2, max_length=6)) == [2, 1]
+    assert best_path(PromptLookup(min_match=2, max_length=6, periodic=True)) == [2, 1, 2, 1, 2, 1]
+    long = PromptLookup(min_match=2, max_length=3, periodic=True)  # one that does not reach the end stays as it is
+    long.start([1, 2, 3, 4, 5, 6, 1, 2])
+    assert [n.token for n in long.retrieve([1, 2, 3, 4, 5, 6, 1, 2], 8).nodes] == [3, 4, 5]

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import json
+import sys
 from itertools import count
 from time import perf_counter
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from graft_cli.core import ROOT, GraftError, Tree
 from graft_cli.grammar import COPIED, FORCED, CopiedValues, GrammarConstraint, GrammarTokenizer, json_schema, regex
@@ -16,6 +18,7 @@ from graft_cli.runtime.engine import decode
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
 from tests.bench_fixtures import run_cli, tiny_dir  # noqa: F401 - tiny_dir: the fixture
+from tests.test_device import READS
 from tests.tiny import OracleTreeProposer, StaticProposer, tiny_smollm2
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -87,15 +90,45 @@ def test_sampled_text_is_the_same_for_a_seed_with_any_tree(tiny):
         assert graft == plain
 
 
-def test_the_fixed_shape_path_runs_a_grammar_eagerly_to_the_same_tokens(tiny):
+class Transfers(TorchFunctionMode):
+    """Counts graft's host-to-device copies (``copy_``, ``to`` a device) and its device-to-host reads (as
+    tests/test_device.py's Discipline counts them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.uploads, self.reads = 0, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        where = sys._getframe(1).f_code.co_filename
+        # the noise ring's copies (device_accept.py) are device to device: its rows are drawn on the device
+        if "graft_cli/" in where and not where.endswith("device_accept.py"):
+            self.reads += name in READS
+            self.uploads += name == "copy_" or (name == "to" and "cpu" not in map(str, (*args[1:], *kwargs.values())))
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.8, top_k=20)], ids=["greedy", "sampled"])
+def test_the_fixed_shape_path_takes_the_masks_in_its_one_upload(tiny, sampling):
+    """On the fixed-shape path a constrained step's masks ride in the inputs' one copy and are applied by the
+    acceptance region: the eager path's tokens, one upload and one read a step."""
     from graft_cli.runtime.fixed_target import make_target
 
-    grammar = json_schema(PERSON)
-    truth, _ = run(tiny, grammar, Empty(), drafts=False)
-    prompt_len = len(tiny[1].encode("Extract the person: Ada, 36, from Oslo."))
-    fixed, _ = run(tiny, grammar, OracleTreeProposer(truth, prompt_len, 4, "mixed", 49152),
-                   target=lambda model: make_target(model, "on"))
-    assert fixed == truth
+    model, tokenizer, grammar_tokenizer = tiny
+    grammar, prompt = json_schema(PERSON), tokenizer.encode("Extract the person: Ada, 36, from Oslo.")
+    truth, _ = run(tiny, grammar, Empty(), sampling, seed=3, drafts=False)
+    proposer = OracleTreeProposer(truth, len(prompt), 4, "mixed", 49152)
+    constraint = GrammarConstraint(grammar, grammar_tokenizer, perf_counter, True, prompt)
+    steps = decode(make_target(model, "on"), proposer, prompt, sampling, 40, {STOP}, 3, constraint=constraint)
+    got, counts, mode = list(next(steps)), [], Transfers()
+    with mode:
+        for new in steps:
+            got += new
+            counts.append((mode.uploads, mode.reads))
+            mode.uploads, mode.reads = 0, 0
+    assert got == truth
+    assert len(counts) > 3 and set(counts) == {(1, 1)}
 
 
 def test_the_mask_prunes_rejected_nodes_and_their_subtrees(tiny):
@@ -125,6 +158,39 @@ def test_forced_tokens_extend_the_root_and_the_drafted_paths(tiny):
     extended = constraint.shape(drafted)
     paths = [tokenizer.decode([extended.nodes[i].token for i in path]) for path in extended.paths()]
     assert sum(path.startswith(', "age":') for path in paths) == 2  # under the root, and after the drafted ", "
+
+
+def test_forced_and_copied_nodes_are_priced_with_the_proposers(tiny):
+    """Nodes the grammar adds (here copied ones, a guess) are cut with the proposer's, best first, to the count
+    its cost model pays for."""
+    _, tokenizer, grammar_tokenizer = tiny
+    prompt = tokenizer.encode("Extract the person: Dr. Helena Marsh, 52, moved from Cork to Lisbon.")
+    constraint = GrammarConstraint(json_schema(PERSON), grammar_tokenizer, perf_counter, prompt=prompt)
+    constraint.advance(tokenizer.encode('{"name": "Hel'))
+    drafted = Tree()
+    drafted.add_path(tokenizer.encode("ena"), [0.9] * len(tokenizer.encode("ena")), "draft")
+    drafted.add_path(tokenizer.encode("ga"), [0.1] * len(tokenizer.encode("ga")), "draft")
+    whole = constraint.shape(drafted)
+    assert {node.source for node in whole.nodes} == {COPIED, "draft"}
+    asked = []
+    cut = constraint.shape(drafted, lambda scores: asked.append(list(scores)) or 4)
+    assert asked == [sorted(asked[0], reverse=True)] and len(asked[0]) == len(whole)  # every node, best first
+    assert len(cut) == 4 and all(node.score >= 0.5 for node in cut.nodes)  # the 0.1 guess went first
+
+
+def test_a_grammar_compiles_once_and_each_matcher_starts_fresh(tiny, monkeypatch):
+    import llguidance
+
+    _, tokenizer, grammar_tokenizer = tiny
+    grammar = regex(r"[0-9]{4} once")  # a grammar no other test compiled on this tokenizer
+    made, real = [], llguidance.LLMatcher
+    monkeypatch.setattr(llguidance, "LLMatcher", lambda *a, **k: made.append(a) or real(*a, **k))
+    grammar_tokenizer.check(grammar)  # compiled to check it: kept for the request's matcher
+    first = grammar_tokenizer.matcher(grammar)
+    assert first.consume_token(tokenizer.convert_tokens_to_ids("1"))
+    second = grammar_tokenizer.matcher(grammar)
+    assert len(made) == 1 and second.is_accepting() is False and second.compute_ff_tokens() == []
+    assert second.consume_token(tokenizer.convert_tokens_to_ids("2"))  # its own state, not the first's
 
 
 def test_the_end_is_all_a_finished_grammar_allows_and_costs_no_forward(tiny):

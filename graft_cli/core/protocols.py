@@ -57,6 +57,10 @@ class Proposer(Protocol):
     def observe(self, step: Step) -> None:
         """Learn from the verification of the last proposed tree."""
 
+    def price(self, scores: Sequence[float]) -> int:
+        """How many of ``scores`` (candidate nodes' acceptance estimates, best first: a whole tree's, once a
+        constraint added the tokens it forces) pay for their verification rows under its cost model."""
+
     def close(self) -> None:
         """End of the session (after its last request): parts that keep state on disk save it."""
 

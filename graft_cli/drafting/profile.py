@@ -202,5 +202,8 @@ class AutoBudget:
     def observe(self, step: Step) -> None:
         self.inner.observe(step)
 
+    def price(self, scores: Sequence[float]) -> int:
+        return self.latency.best_count(0, 0.0, scores)
+
     def close(self) -> None:
         self.inner.close()

@@ -89,6 +89,9 @@ class GraftProposer:
         record["retrieved"] = len(tree) - drafted
         return tree
 
+    def price(self, scores: Sequence[float]) -> int:
+        return self.latency.best_count(0, 0.0, scores)
+
     def _retrieved(self, context: Sequence[int], room: int) -> Tree:
         """Every retriever's lookup, calibrated, merged into one pool."""
         pool = Tree()

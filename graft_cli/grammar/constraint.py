@@ -20,6 +20,7 @@ from graft_cli.grammar.spec import Grammar, GrammarTokenizer
 FORCED = "forced"  # the source name of nodes the grammar forced (Stats.accepted counts them under it)
 FORCED_NODES = 48  # forced nodes a step may add past the proposer's tree (each costs a verified row)
 COPIED_NODES = 8  # copied nodes likewise (a guess, unlike a forced chain: fewer)
+COPIED_SCORE = 0.5  # a copied node's acceptance estimate: where the value ends in the prompt is a guess
 
 
 class GrammarConstraint:
@@ -58,7 +59,9 @@ class GrammarConstraint:
     def ending(self) -> list[int]:
         return [self.tokenizer.end] if self.matcher.is_stopped() and self.tokenizer.end is not None else []
 
-    def shape(self, tree: Tree) -> Tree:
+    def shape(self, tree: Tree, price: Callable[[Sequence[float]], int] | None = None) -> Tree:
+        """Also: a forced node is as likely as the node it follows (the grammar allows nothing else after it), a
+        copied one is a guess (:data:`COPIED_SCORE`); ``price`` None keeps every node."""
         began = self.clock()
         valid, forced = self._walk(tree, lambda: self.tokenizer.forced(self.matcher) if self.drafts else [])
         shaped = tree if len(valid) == len(tree) else tree.subtree(valid)
@@ -78,8 +81,10 @@ class GrammarConstraint:
         for text in self.copied.propose(self.output) if room > 0 else []:
             before = len(shaped)
             tokens = self._copy(text)[:room]
-            shaped.add_path(tokens, [1.0] * len(tokens), COPIED)
+            shaped.add_path(tokens, [COPIED_SCORE] * len(tokens), COPIED)
             room -= len(shaped) - before
+        if price is not None:  # forced and copied nodes compete with the proposer's for the rows a step pays
+            shaped = shaped.select(price([shaped.nodes[i].score for i in shaped.ranked()]))
         self.seconds += self.clock() - began
         return shaped
 
@@ -99,8 +104,25 @@ class GrammarConstraint:
         self.matcher.rollback(fed)
         return tokens[:fed] + ([self.tokenizer.end] if done else [])
 
+    def bitmask(self, tree: Tree) -> np.ndarray:
+        """Every row's allowed tokens packed as the engine packs them, ``[1 + len(tree), words]`` int32 (token t:
+        bit ``t % 32`` of word ``t // 32``): the root's row, then node i's after its own path. What the
+        fixed-shape path uploads with a step's inputs."""
+        began = self.clock()
+        packed = self._packed(tree)
+        self.seconds += self.clock() - began
+        return packed
+
     def masked(self, tree: Tree, logits: torch.Tensor) -> torch.Tensor:
         began = self.clock()
+        allowed = np.unpackbits(self._packed(tree).view(np.uint8), axis=1, bitorder="little")[:, : logits.shape[-1]]
+        if allowed.shape[1] < logits.shape[-1]:  # ids past the tokenizer's (padding rows of an embedding): never
+            allowed = np.pad(allowed, ((0, 0), (0, logits.shape[-1] - allowed.shape[1])))
+        forbidden = torch.from_numpy(allowed == 0).to(logits.device)
+        self.seconds += self.clock() - began
+        return logits.masked_fill(forbidden, float("-inf"))
+
+    def _packed(self, tree: Tree) -> np.ndarray:
         packed = np.full((len(tree) + 1, self.words), -1, dtype=np.int32)  # an invalid node's row: anything
 
         def mask(row: int) -> None:
@@ -112,14 +134,9 @@ class GrammarConstraint:
 
         mask(0)
         self._walk(tree, None, mask)
-        allowed = np.unpackbits(packed.view(np.uint8), axis=1, bitorder="little")[:, : logits.shape[-1]]
-        if allowed.shape[1] < logits.shape[-1]:  # ids past the tokenizer's (padding rows of an embedding): never
-            allowed = np.pad(allowed, ((0, 0), (0, logits.shape[-1] - allowed.shape[1])))
-        if not allowed.any(axis=1).all():
+        if not packed.any(axis=1).all():
             raise GraftError(f"the grammar allows no token here: {self.matcher.get_error() or 'no continuation'}")
-        forbidden = torch.from_numpy(allowed == 0).to(logits.device)
-        self.seconds += self.clock() - began
-        return logits.masked_fill(forbidden, float("-inf"))
+        return packed
 
     def _walk(self, tree: Tree, forced: Callable[[], list[int]] | None,
               visit: Callable[[int], None] | None = None) -> tuple[list[int], dict[int, list[int]]]:

@@ -49,19 +49,32 @@ class CpuLinear(nn.Linear):
     shares with another module (tied embeddings) stays as it is."""
 
     packed: torch.Tensor | None = None
+    # the mixed mode's (graft_cli/runtime/prompt_precision.py): a packed bf16 copy and its bias, used while
+    # ``in_prompt`` (a prompt's forward) is set
+    prompt: tuple[torch.Tensor, torch.Tensor | None] | None = None
+    in_prompt: bool = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():  # inductor lowers no oneDNN linear: it chooses its own GEMM
             return nn.functional.linear(x, self.weight, self.bias)
+        if self.in_prompt and self.prompt is not None:
+            weight, bias = self.prompt
+            return packed_product(x.to(weight.dtype), weight, bias, self.out_features).to(x.dtype)
         if self.packed is None:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        rows = x.numel() // x.shape[-1] if x.numel() else 0
-        if 0 < rows < PAD_ROWS:
-            flat = x.reshape(rows, -1)
-            padded = torch.cat([flat, flat.new_zeros(PAD_ROWS - rows, flat.shape[1])])
-            y = torch.ops.mkldnn._linear_pointwise(padded, self.packed, self.bias, "none", [], "")[:rows]
-            return y.reshape(*x.shape[:-1], self.out_features)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return packed_product(x, self.packed, self.bias, self.out_features)
+
+
+def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out: int) -> torch.Tensor:
+    """``x`` times a oneDNN-packed weight, 1-3 rows padded to ``PAD_ROWS`` (a row's result does not depend on the
+    rows beside it: the mixed mode relies on it, tests/test_prompt_precision.py checks it)."""
+    rows = x.numel() // x.shape[-1] if x.numel() else 0
+    if 0 < rows < PAD_ROWS:
+        flat = x.reshape(rows, -1)
+        padded = torch.cat([flat, flat.new_zeros(PAD_ROWS - rows, flat.shape[1])])
+        y = torch.ops.mkldnn._linear_pointwise(padded, packed, bias, "none", [], "")[:rows]
+        return y.reshape(*x.shape[:-1], out)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 def use_cpu_linears(model: nn.Module, pack: bool | None = None) -> None:

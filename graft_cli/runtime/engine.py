@@ -82,7 +82,7 @@ class Phases:
     def propose(self, context: list[int], constraint: Constraint | None = None) -> Tree:
         with self.recorder.timed("propose"):  # a plugin's bad ids never reach the model, nor a grammar's
             tree = self.proposer.propose(context).within(self.target.vocab_size)
-            return tree if constraint is None else constraint.shape(tree)
+            return tree if constraint is None else constraint.shape(tree, self.proposer.price)
 
     def verify(self, context: list[int], tree: Tree, rule: Rule) -> Step:
         with self.recorder.timed("verify"):

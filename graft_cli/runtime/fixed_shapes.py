@@ -53,30 +53,39 @@ def key_rows(end: int, capacity: int) -> int:
 
 
 class StaticInputs:
-    """One bucket's inputs in one device block ``[4 + B, B]`` (int64), kept for the target's life so that a
-    captured graph reads them where it recorded them; the host fills a mirror and copies it over whole.
+    """One bucket's inputs in one device block (int64), kept for the target's life so that a captured graph reads
+    them where it recorded them; the host fills a mirror and copies it over whole.
 
-    Rows: 0 the tokens, 1 the positions, 2 each row's parent row (the root and padded rows: themselves), 3 each
-    row's slot in the noise ring (graft_cli/runtime/device_accept.py), then B ancestor rows (1: row i sees row j,
-    itself included; a real row always sees the root, a padded row only itself)."""
+    Its grid ``[4 + B, B]``: row 0 the tokens, 1 the positions, 2 each row's parent row (the root and padded rows:
+    themselves), 3 each row's slot in the noise ring (graft_cli/runtime/device_accept.py), then B ancestor rows
+    (1: row i sees row j, itself included; a real row always sees the root, a padded one only itself). After it,
+    with ``vocab``, a grammar's masks ``[B, ceil(vocab / 64)]``: each row's allowed tokens as bits (token t: bit
+    ``t % 64`` of word ``t // 64``), copied with the grid in the same one copy when a step is constrained."""
 
-    def __init__(self, size: int, device: torch.device) -> None:
+    def __init__(self, size: int, device: torch.device, vocab: int = 0) -> None:
         self.size = size
         cuda = device.type == "cuda"
-        self.host = torch.zeros((HEADER + size, size), dtype=torch.long, pin_memory=cuda)  # host: the mirror
-        self.array = self.host.numpy()
-        self.block = torch.zeros((HEADER + size, size), dtype=torch.long, device=device)
-        self.tokens, self.positions = self.block[0:1], self.block[1:2]  # [1, B]: as the model takes them
-        self.parents, self.slots, self.ancestors = self.block[2], self.block[3], self.block[HEADER:]
+        grid, words = (HEADER + size) * size, -(-vocab // 64)
+        self.host = torch.zeros(grid + size * words, dtype=torch.long, pin_memory=cuda)  # host: the mirror
+        self.array = self.host[:grid].numpy().reshape(HEADER + size, size)
+        self.masks = self.host[grid:].numpy().reshape(size, words).view(np.int32)  # [B, 2 * words] as the engine's
+        self.masks[:] = -1  # a padded row: anything (it is never accepted)
+        self.block = torch.zeros(grid + size * words, dtype=torch.long, device=device)
+        self.grid, self.allowed_bits = grid, self.block[grid:].view(size, words)
+        square = self.block[:grid].view(HEADER + size, size)
+        self.tokens, self.positions = square[0:1], square[1:2]  # [1, B]: as the model takes them
+        self.parents, self.slots, self.ancestors = square[2], square[3], square[HEADER:]
         self.non_blocking = cuda
         self._used = size  # rows of the ancestor block the last write filled (the rest hold padding already)
+        self._masked = 0  # rows of the masks a constrained write filled (the rest allow anything)
         self.eye = np.eye(size, dtype=np.int64)
         self.array[HEADER:] = self.eye
 
-    def write(self, root: int, tree: Tree, depths: np.ndarray, past: int, position: int, ring: int) -> None:
+    def write(self, root: int, tree: Tree, depths: np.ndarray, past: int, position: int, ring: int,
+              masks: np.ndarray | None = None) -> None:
         """Fill the mirror for ``root`` + ``tree`` (``depths``: its rows', ``tree.depths()``) over ``past`` cached
         rows (``position``: the generated-token index the root's row chooses; ``ring``: the noise ring's rows) and
-        copy it to the device."""
+        copy it to the device: with ``masks`` (a grammar's, ``Constraint.bitmask``), they ride in the same copy."""
         n, size, a = len(tree) + 1, self.size, self.array
         a[0, 0], a[0, 1:n], a[0, n:] = root, tree.tokens(), 0
         a[1, :n], a[1, n:] = depths + past, past
@@ -87,8 +96,22 @@ class StaticInputs:
         ancestors[:used, :used] = self.eye[:used, :used]  # padding again where the last tree was
         if n > 1:
             ancestors[:n, :n] = tree.ancestor_mask()
+        if masks is not None:
+            self.masks[n:self._masked] = -1
+            self._masked = n
+            width = min(masks.shape[1], self.masks.shape[1])
+            self.masks[:n, :width], self.masks[:n, width:] = masks[:, :width], 0  # past the engine's ids: never
         self._used = n
-        self.block.copy_(self.host, non_blocking=self.non_blocking)
+        end = None if masks is not None else self.grid  # unconstrained: the grid alone
+        self.block[:end].copy_(self.host[:end], non_blocking=self.non_blocking)
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits [B, V]`` with every token the uploaded masks forbid at -inf (on the device: what an
+        acceptance graph of a constrained step captures; the same rows as ``Constraint.masked``)."""
+        bits = self.allowed_bits.view(torch.uint8)  # little-endian: token t is bit t % 8 of byte t // 8
+        shifts = torch.arange(8, dtype=torch.uint8, device=bits.device)
+        allowed = ((bits[:, :, None] >> shifts) & 1).flatten(1)[:, : logits.shape[-1]] != 0
+        return logits.masked_fill(~allowed, float("-inf"))
 
 
 def visible_keys(past: torch.Tensor, rows: torch.Tensor, capacity: int) -> torch.Tensor:

@@ -11,6 +11,10 @@ captured per (bucket, keys read, hidden states wanted) and acceptance per (the s
 so a new temperature records a small graph, never the model again; both keys carry the addresses they recorded
 (the KV block, the noise ring), and a cache that grows drops them.
 
+A grammar's masks (each row's allowed tokens, made on the host along the row's own path) ride in the same one
+copy, after the inputs, as bits; the acceptance region unpacks them and chooses among allowed tokens only, so a
+constrained step neither uploads nor reads more than a free one.
+
 A step the buckets cannot hold -- a tree past the largest bucket (run at its padded size, eagerly) or one whose
 padding would pass the reserved cache -- still takes the same route where it can; only a tree with no room left
 falls back to the eager verification and the host's acceptance (with the same noise, from the ring).
@@ -48,7 +52,8 @@ class FixedShapeTarget(Target):
         self.cache.zeroed = True  # attention reads unfilled rows (masked): never garbage there
         self.buckets = buckets
         self.graphs = Graphs(capture)
-        self.inputs = {size: StaticInputs(size, self.device) for size in buckets}  # made once, written in place
+        # made once, written in place; with room for a grammar's masks (uploaded only by a constrained step)
+        self.inputs = {size: StaticInputs(size, self.device, self.vocab_size) for size in buckets}
         self.layout: tuple[int, ...] = ()  # where the KV blocks are: part of every graph's key
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.text_vocab = config.vocab_size  # the columns a retriever's vocabulary has (an LM head may be wider)
@@ -91,15 +96,17 @@ class FixedShapeTarget(Target):
         self.graphs.trim()  # a step's start: no graph's outputs are still to be read
         rows, past, ring, needs = len(tree) + 1, self.length, rule.noise, rule.needs
         size, capacity = bucket(rows, self.buckets), self.cache.layers[0].keys.shape[2]
-        # no room to pad, or a grammar's masks (made on the host): the eager step (nothing queued: drafted after it)
-        if past + size > capacity or rule.constraint is not None:
+        if past + size > capacity:  # no room to pad: the eager step (nothing queued: drafted after it)
             return super().step(context, tree, rule)
         keys = key_rows(past + size, capacity)
-        inputs = self.inputs.get(size) or self.inputs.setdefault(size, StaticInputs(size, self.device))
+        inputs = self.inputs.get(size) or self.inputs.setdefault(size, StaticInputs(size, self.device,
+                                                                                     self.vocab_size))
         depths, position = tree.depths(), rule.position(context)
         if ring is not None:
             ring.fill(position, position + int(depths.max()) + 1)
-        inputs.write(context[-1], tree, depths, past, position, ring.size if ring is not None else 1)
+        constraint = rule.constraint  # a grammar's masks, made on the host, ride in the inputs' one copy
+        inputs.write(context[-1], tree, depths, past, position, ring.size if ring is not None else 1,
+                     None if constraint is None else constraint.bitmask(tree))
         captured = size in self.buckets  # a tree past the largest bucket runs at its own size, eagerly
         hidden = needs.hidden
         layers = needs.layers if hidden else ()
@@ -109,10 +116,10 @@ class FixedShapeTarget(Target):
                                              keys, layers))
         noise = None if ring is None else ring.rows
         key = ("accept", size, keys, hidden, layers, rule.sampling, needs.successors, needs.queue is not None,
-               self.layout, None if noise is None else noise.data_ptr())
+               self.layout, None if noise is None else noise.data_ptr(), constraint is not None)
         packed, features, path = self.graphs.run(key if captured else None,
                                                  partial(self._accept_region, inputs, padded, needs, rule.sampling,
-                                                         noise))
+                                                         noise, constraint is not None))
         queued = None
         if needs.queue is not None and path is not None and (features is not None or not hidden):
             queued = needs.queue(Outcome(path[:1], path[1:], features))
@@ -120,22 +127,27 @@ class FixedShapeTarget(Target):
         read = (packed if queued is None else torch.cat([packed.double(), queued.double()])).to("cpu").numpy()
         count = int(read[0])
         self.length = past + count
+        nodes = (read[3 : 2 + count].astype(np.int64) - 1).tolist()
+        if constraint is not None:
+            constraint.advance([tree.nodes[i].token for i in nodes] + [int(read[1])])
         self.cache.settle(self.length)
         top = None
         if needs.successors:
             top = read[2 + size : packed.shape[0]].reshape(size, -1)[:rows].astype(np.float32)
-        return verified(context, tree, (read[3 : 2 + count].astype(np.int64) - 1).tolist(), int(read[1]),
+        return verified(context, tree, nodes, int(read[1]),
                         logits=padded.logits[:rows],
                         hidden=Layers(padded.hidden, self.device, rows) if hidden and not layers else None,
                         successors=top, features=None if features is None else features[:count],
                         queued=None if queued is None else read[packed.shape[0] :].tolist())
 
     def _accept_region(self, inputs: StaticInputs, padded: Padded, needs: Needs, sampling: Sampling,
-                       noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """The target's choices, the accepted rows, the cache compacted to them, and (asked for) every row's
-        top-k, the accepted rows' features gathered in path order and ``[count, the token after each]`` (what
-        :class:`Outcome` hands a draft queued ahead): what an acceptance graph captures."""
-        logits = padded.logits
+                       noise: torch.Tensor | None,
+                       masked: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The target's choices (``masked``: among the tokens the uploaded grammar masks allow), the accepted rows,
+        the cache compacted to them, and (asked for) every row's top-k, the accepted rows' features gathered in
+        path order and ``[count, the token after each]`` (what :class:`Outcome` hands a draft queued ahead): what
+        an acceptance graph captures."""
+        logits = inputs.mask(padded.logits) if masked else padded.logits
         rows = None if noise is None else noise.index_select(0, inputs.slots)
         packed = accepted_rows(choose(logits, sampling, rows), inputs)
         compact(self._blocks(), inputs, packed[2:])
@@ -143,7 +155,7 @@ class FixedShapeTarget(Target):
         path = torch.cat([packed[:1], following(packed, inputs)]) if needs.queue is not None else None
         if not needs.successors:
             return packed, features, path
-        top = top_k_rows(logits[:, : self.text_vocab], needs.successors)
+        top = top_k_rows(padded.logits[:, : self.text_vocab], needs.successors)  # the model's, as eagerly
         return torch.cat([packed.double(), top.flatten().double()]), features, path
 
     def _blocks(self) -> list[torch.Tensor]:

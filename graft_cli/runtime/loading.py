@@ -31,6 +31,7 @@ from graft_cli.models.config import plain_config, plain_generation
 from graft_cli.models.decoder import FUSED
 from graft_cli.models.tokenizer import light_tokenizer
 from graft_cli.runtime.cpu_linear import CpuLinear, use_cpu_linears
+from graft_cli.runtime.prompt_precision import add_prompt_copies
 from graft_cli.runtime.limits import Limits, limits
 from graft_cli.runtime.target import input_device
 
@@ -66,14 +67,17 @@ def pick_device(device: str) -> str:
 
 
 def pick_dtype(dtype: str, device: str) -> torch.dtype:
-    """fp32 on a CPU (bf16 is slower there), bf16 on a GPU that has it, else fp16."""
-    if dtype == "auto":
+    """fp32 on a CPU (bf16 is slower there), bf16 on a GPU that has it, else fp16. ``mixed`` (a CPU's prompts in
+    bf16, graft_cli/runtime/prompt_precision.py) holds fp32 weights."""
+    if dtype == "mixed" and device != "cpu":
+        raise GraftError("--dtype mixed is a CPU mode (a prompt's forward in bf16); on a GPU use bfloat16")
+    if dtype in ("auto", "mixed"):
         if device == "cpu":
             return torch.float32
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype not in table:
-        raise GraftError(f"unknown dtype '{dtype}' (use auto, float32, bfloat16 or float16)")
+        raise GraftError(f"unknown dtype '{dtype}' (use auto, float32, bfloat16, float16 or mixed)")
     return table[dtype]
 
 
@@ -104,7 +108,7 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map:
     unless asked, since callers such as ``graft bench``'s peers call transformers' methods (``generate``) on it."""
     device = pick_device(device)
     torch_dtype = pick_dtype(dtype, device)
-    if device == "cpu" and torch_dtype == torch.bfloat16 and not cpu_units().bf16:
+    if device == "cpu" and (torch_dtype == torch.bfloat16 or dtype == "mixed") and not cpu_units().bf16:
         print(f"graft: note: this CPU has no bf16 matrix unit (AMX or AVX512-BF16: {cpu_units().summary()}); "
               "bfloat16 runs emulated, slower than float32", file=sys.stderr)
     device_map = parse_device_map(device_map)
@@ -122,6 +126,8 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map:
     # the faster CPU linear kernels (cpu_linear.py); a sharded model's modules belong to accelerate
     if device == "cpu" and device_map is None and fast_cpu and next(model.parameters()).dtype == torch.float32:
         use_cpu_linears(model)
+        if dtype == "mixed":
+            add_prompt_copies(model)
         if own:
             release_stacked(model)
     return Loaded(model, tokenizer, path, spec)

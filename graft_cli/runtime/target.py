@@ -20,6 +20,7 @@ from graft_cli.runtime.attention import use_split_attention
 from graft_cli.runtime.attention_kernels import attention_kernels
 from graft_cli.models.decoder import CausalLM
 from graft_cli.runtime.kv_cache import PositionCache, cache_keyword
+from graft_cli.runtime.prompt_precision import prompt_layers, prompt_precision
 from graft_cli.runtime.sampling import Noise, Sampling, pick
 from graft_cli.runtime.verify import accept
 from graft_cli.core import ROOM, Needs, Step, Tree
@@ -124,6 +125,7 @@ class Target:
         self.kernels = attention_kernels(self.device)  # what every forward runs under (no per-shape plans)
         if self.device.type == "cpu":  # every row of a step or a chunk sees the whole cache: split the attention
             use_split_attention(model)
+        self.prompt_layers = prompt_layers(model)  # what a prompt's forward switches to bf16 (--dtype mixed)
 
     @torch.inference_mode()
     def prefill(self, ids: list[int], hidden: bool = False, capacity: int | None = None, kept: int = 0) -> Forward:
@@ -137,7 +139,7 @@ class Target:
         states: list[tuple[torch.Tensor, ...]] = []
         if self.progress is not None:
             self.progress(0, len(ids))
-        with self._attention(self.prefill_attention), self.kernels:
+        with self._attention(self.prefill_attention), self.kernels, prompt_precision(self.prompt_layers):
             for start in range(kept, len(ids), self.chunk):
                 out = self.model(input_ids=x[:, start : start + self.chunk], **self.cached, use_cache=True,
                                  output_hidden_states=hidden, logits_to_keep=1, visible=start)

@@ -1,8 +1,12 @@
-"""Side by side in one process, one engine at a time: vLLM without speculation, with its ``ngram`` and with graft's
-proposer, on workloads that quote a corpus, and on one that repeats itself; tokens per second, accepted tokens per
-draft, and whether every output is the one without speculation.
+"""Side by side, one engine at a time, each in a process of its own: vLLM without speculation, with its ``ngram``
+and with graft's proposer, on workloads that quote a corpus, and on one that repeats itself; tokens per second,
+accepted tokens per draft, and whether every output is the one without speculation.
 
     python -m graft_vllm.bench --out vllm-bench.json     # docs/vllm.md's table (minutes on a 2-core CPU)
+
+Why a process per engine: engines built one after another in one process did not run alike (under load the last
+one built ran faster per step), and vLLM 0.32 cannot start an engine in a process that has imported ``ngram``'s
+numba. The modes take turns in the order listed; the datastore is built once, by the first process.
 
 The tests (integrations/vllm/tests) use the same workloads, smaller.
 """
@@ -68,7 +72,9 @@ def quoting_prompts(files: Sequence[Path], lines: int = 24) -> list[str]:
 
 
 def build_store(files: Sequence[Path], out: Path, model: Path = MODEL) -> Path:
-    """A suffix-array datastore of ``files`` at ``out``, built by graft's own command."""
+    """A suffix-array datastore of ``files`` at ``out``, built by graft's own command (once: kept where it is)."""
+    if out.exists():
+        return out
     subprocess.run([sys.executable, "-m", "graft_cli", "index", "build", *map(str, files), "--out", str(out),
                     "--model", str(model), "--jobs", "1", "--force"], check=True, capture_output=True)
     return out
@@ -152,6 +158,18 @@ def run(modes: Sequence[Mode], workloads: dict[str, tuple[list[str], int]], conc
     return results
 
 
+def run_apart(modes: Sequence[Mode], argv: Sequence[str], work: Path) -> list[Result]:
+    """:func:`run` for each mode in a child process of this command (``argv``: its options), in turn."""
+    results = []
+    for mode in modes:
+        out = work / f"{len(results)}-{mode.method}.json"
+        subprocess.run([sys.executable, "-m", "graft_vllm.bench", *argv, "--mode", mode.name, "--out", str(out),
+                        "--work", str(work)], check=True)
+        results += [Result(**r) for r in json.loads(out.read_text())]
+        print(table(results), flush=True)
+    return results
+
+
 def table(results: Sequence[Result]) -> str:
     """Markdown: per workload and concurrency, each mode's tok/s, accepted per draft, and same outputs as none."""
     plain = {(r.workload, r.concurrency): r for r in results if r.mode == "none"}
@@ -174,10 +192,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--single", type=int, help="prompts asked one at a time (default: all)")
     parser.add_argument("--out", type=Path, help="JSON of every result (outputs included)")
+    parser.add_argument("--mode", help=argparse.SUPPRESS)  # a child's one mode (run_apart)
+    parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)  # the parent's work directory
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer  # lazy: only the command needs a tokenizer
 
-    work = Path(os.environ.get("TMPDIR", "/tmp")) / f"graft-vllm-bench-{os.getpid()}"
+    work = args.work or Path(os.environ.get("TMPDIR", "/tmp")) / f"graft-vllm-bench-{os.getpid()}"
     files = corpus_files()[: args.prompts]
     store = build_store(corpus_files(), work / "stdlib-store")
     chat = chat_prompts(args.prompts, AutoTokenizer.from_pretrained(str(MODEL)))
@@ -188,8 +208,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                   {"GRAFT_VLLM_RETRIEVERS": "prompt,suffix-array", "GRAFT_VLLM_DATASTORE": str(store)}),
              Mode("graft: + response cache", "graft",
                   {"GRAFT_VLLM_RETRIEVERS": "prompt,suffix-array,responses", "GRAFT_VLLM_DATASTORE": str(store)})]
-    results = run(modes, workloads, [int(c) for c in args.concurrency.split(",")], args.max_tokens, args.tokens,
-                  args.single)
+    if args.mode is None:
+        child = ["--max-tokens", str(args.max_tokens), "--tokens", str(args.tokens), "--prompts", str(args.prompts),
+                 "--concurrency", args.concurrency, *(["--single", str(args.single)] if args.single else [])]
+        results = run_apart(modes, child, work)
+    else:
+        results = run([m for m in modes if m.name == args.mode], workloads,
+                      [int(c) for c in args.concurrency.split(",")], args.max_tokens, args.tokens, args.single)
     print(table(results))
     if args.out:
         args.out.write_text(json.dumps([asdict(r) for r in results]))

@@ -48,6 +48,9 @@ class Retrievers:
         self.shared: list[Retriever] = []
         self.responses: list[SharedResponses] = []
         self.fresh: list[str] = []  # made per request
+        # each retriever's factory, found once: finding one scans every installed distribution's entry points
+        # (milliseconds in a vLLM environment), which a new request must not pay
+        self.factories: dict[str, Callable[[RetrieverEnv], Any]] = {}
         self.looked_up: dict[int, Session] = {}  # a shared retriever (by id) -> the session of its last lookup
         for name in settings.retrievers:
             retriever = self._make(name)
@@ -63,7 +66,14 @@ class Retrievers:
                              f"(retrievers: {', '.join(settings.retrievers)})")
 
     def _make(self, name: str) -> Retriever:
-        return complete(discovery.build(name, replace(self.env, name=name)))
+        env = replace(self.env, name=name)
+        factory = self.factories.get(name)
+        if factory is None:  # at start-up, where an unknown, broken or refused retriever is one GraftError line
+            retriever = discovery.build(name, env)
+            self.factories[name] = discovery.load_factory(name)
+        else:
+            retriever = factory(env)
+        return complete(retriever)
 
     def for_request(self) -> list[Retriever]:
         return [*self.shared, *(r.view() for r in self.responses), *(self._make(name) for name in self.fresh)]

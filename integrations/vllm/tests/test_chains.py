@@ -29,17 +29,17 @@ def test_settings_from_environment_and_file(tmp_path):
     file = tmp_path / "graft.toml"
     file.write_text('retrievers = ["prompt", "responses"]\nmin_score = 0.5\n[options]\n"prompt.max_match" = 4\n')
     settings = read({"GRAFT_VLLM_CONFIG": str(file), "GRAFT_VLLM_MIN_SCORE": "0.25"})
-    options = {"prompt.min_match": "2", "prompt.max_match": "4"}
-    assert settings == Settings(("prompt", "responses"), options, 0.25, 2.0, 32)
+    options = {"prompt.min_match": "2", "prompt.periodic": "1", "prompt.max_match": "4"}
+    assert settings == Settings(("prompt", "responses"), options, 0.25, 1.0, 32)
     assert read({"GRAFT_VLLM_DATASTORE": "docs"}).retrievers == ("prompt", "responses", "suffix-array")
     assert read({"GRAFT_VLLM_DATASTORE": "docs"}).options == {
-        "prompt.min_match": "2", "suffix-array.min_match": "4", "datastore": "docs"}
+        "prompt.min_match": "2", "prompt.periodic": "1", "suffix-array.min_match": "6", "datastore": "docs"}
 
 
 def test_shortest_matches_default_per_named_retriever_and_give_way():
     assert read({"GRAFT_VLLM_RETRIEVERS": "responses"}).options == {}  # no default a retriever would not read
     given = read({"GRAFT_VLLM_RETRIEVERS": "prompt", "GRAFT_VLLM_OPTIONS": "prompt.min_match=1"})
-    assert given.options == {"prompt.min_match": "1"}
+    assert given.options == {"prompt.min_match": "1", "prompt.periodic": "1"}
 
 
 @pytest.mark.parametrize("environ, message", [
@@ -82,6 +82,29 @@ def test_min_score_cuts_the_chain_and_min_expected_withholds_it():
     assert chains.start("a", TEXT + [5], [6]) == []  # one earlier match: not sure enough for 0.99
     assert proposer(GRAFT_VLLM_MIN_EXPECTED="4.5").start("a", TEXT + [5], [6]) == []  # 4 tokens cannot add 4.5
     assert proposer(GRAFT_VLLM_MIN_EXPECTED="1").start("a", TEXT + [5], [6]) == [7, 8, 9, 10]
+
+
+def test_a_loop_is_drafted_past_the_context_end():
+    """The model has begun to repeat itself: the chain goes on round the loop, where it would stop at the
+    context's end (and then, expected to add too little, not be sent)."""
+    loop = [9, 1, 2, 1, 2]
+    assert proposer(limit=6).start("a", loop, [1]) == [2, 1, 2, 1, 2, 1]
+    assert proposer(limit=6, GRAFT_VLLM_OPTIONS="prompt.periodic=0").start("a", loop, [1]) == [2, 1]
+
+
+def test_requests_make_their_retrievers_without_looking_for_plugins(monkeypatch):
+    """Plugins are found once, at start-up: finding one reads every installed distribution's entry points,
+    milliseconds a new request must not pay."""
+    from graft_cli.core import discovery
+
+    chains = proposer("prompt,responses")
+
+    def never(*args, **kwargs):
+        raise AssertionError("a plugin was looked up for a request")
+
+    monkeypatch.setattr(discovery, "entry_points", never)
+    assert chains.start("a", TEXT + [5], [6]) == [7, 8, 9, 10]
+    assert chains.start("b", [40, 41, 42, 43, 44, 40], [41]) == [42, 43, 44, 40]
 
 
 def test_state_is_per_request_and_freed():

@@ -123,7 +123,7 @@ class Session:
         self.calibration.observe(self.pool, self.pool.follow(appended), horizon=len(appended))
         return accepted
 
-    def draft(self, limit: int) -> list[int]:
+    def draft(self, limit: int, min_expected: float) -> list[int]:
         """At most ``limit`` tokens: the merged pool's best path while its estimate stays at ``min_score``; none
         when the tokens it is expected to add (the sum of its estimates) fall short of ``min_expected``."""
         pool = Tree()
@@ -136,7 +136,7 @@ class Session:
             if pool.nodes[parent].score < self.settings.min_score:
                 break
             path.append(parent)
-        if sum(pool.nodes[i].score for i in path) < self.settings.min_expected:  # not worth a verification
+        if sum(pool.nodes[i].score for i in path) < min_expected:  # not worth a verification
             path = []
         self.pool, self.path = pool, path
         return [pool.nodes[i].token for i in path]
@@ -174,6 +174,12 @@ class ChainProposer:
         self.sessions: dict[Hashable, Session] = {}
         self.counts = Counts()
         self.failed: set[str] = set()
+        self.min_expected = settings.min_expected  # the bar of the step being proposed for (:meth:`batch`)
+
+    def batch(self, rows: int) -> None:
+        """The next chains are for a step of ``rows`` requests: one alone gets ``min_expected``'s bar, several
+        ``min_expected_batched``'s (settings.py says why)."""
+        self.min_expected = self.settings.min_expected if rows <= 1 else self.settings.min_expected_batched
 
     def start(self, key: Hashable, prompt: Sequence[int], appended: Sequence[int]) -> list[int]:
         """A new request (its prompt and the first tokens generated): its first chain."""
@@ -189,7 +195,7 @@ class ChainProposer:
     def _draft(self, key: Hashable) -> list[int]:
         """At most ``limit`` tokens, and never past the request's longest length."""
         session = self.sessions[key]
-        chain = session.draft(max(0, min(self.limit, self.max_len - len(session.tokens))))
+        chain = session.draft(max(0, min(self.limit, self.max_len - len(session.tokens))), self.min_expected)
         if chain:
             self.counts.drafts += 1
             self.counts.drafted += len(chain)

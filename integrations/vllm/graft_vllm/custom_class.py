@@ -28,6 +28,7 @@ class GraftProposer:
                 token_ids_cpu: Any, slot_mappings: Any = None) -> list[list[int]]:
         """One chain per row (empty: nothing worth verifying, or a row still reading its prompt)."""
         drafts: list[list[int]] = []
+        self.chains.batch(len(sampled_token_ids))
         for row, sampled in enumerate(sampled_token_ids):
             if not len(sampled):  # a prompt read in chunks: nothing generated yet
                 drafts.append([])

@@ -74,6 +74,7 @@ class GraftSpeculator(BaseSpeculator):
         last = last_sampled.view(-1).tolist()
         slots = [int(s) for s in input_batch.idx_mapping_np[:rows]]
         width = min(self.width, num_speculative_tokens or self.width)
+        self.chains.batch(rows)
         block = []
         for row, (req_id, slot, count) in enumerate(zip(input_batch.req_ids, slots, counts)):
             chain = self._chain(req_id, slot, count, last[slot], width) if count else []

@@ -30,7 +30,7 @@ def test_settings_from_environment_and_file(tmp_path):
     file.write_text('retrievers = ["prompt", "responses"]\nmin_score = 0.5\n[options]\n"prompt.max_match" = 4\n')
     settings = read({"GRAFT_VLLM_CONFIG": str(file), "GRAFT_VLLM_MIN_SCORE": "0.25"})
     options = {"prompt.min_match": "2", "prompt.periodic": "1", "prompt.max_match": "4"}
-    assert settings == Settings(("prompt", "responses"), options, 0.25, 1.0, 32)
+    assert settings == Settings(("prompt", "responses"), options, 0.25, 1.0, 2.0, 32)
     assert read({"GRAFT_VLLM_DATASTORE": "docs"}).retrievers == ("prompt", "responses", "suffix-array")
     assert read({"GRAFT_VLLM_DATASTORE": "docs"}).options == {
         "prompt.min_match": "2", "prompt.periodic": "1", "suffix-array.min_match": "6", "datastore": "docs"}
@@ -82,6 +82,15 @@ def test_min_score_cuts_the_chain_and_min_expected_withholds_it():
     assert chains.start("a", TEXT + [5], [6]) == []  # one earlier match: not sure enough for 0.99
     assert proposer(GRAFT_VLLM_MIN_EXPECTED="4.5").start("a", TEXT + [5], [6]) == []  # 4 tokens cannot add 4.5
     assert proposer(GRAFT_VLLM_MIN_EXPECTED="1").start("a", TEXT + [5], [6]) == [7, 8, 9, 10]
+
+
+def test_a_step_of_several_requests_sets_the_batched_bar():
+    """One request alone is held to ``min_expected``, a step of several to ``min_expected_batched``."""
+    chains = proposer(GRAFT_VLLM_MIN_EXPECTED="1", GRAFT_VLLM_MIN_EXPECTED_BATCHED="4.5")
+    chains.batch(1)
+    assert chains.start("a", TEXT + [5], [6]) == [7, 8, 9, 10]
+    chains.batch(8)
+    assert chains.start("b", TEXT + [5], [6]) == []  # 4 tokens cannot add 4.5
 
 
 def test_a_loop_is_drafted_past_the_context_end():

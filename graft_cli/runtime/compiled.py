@@ -56,7 +56,7 @@ class Compiler:
                 return region()
             try:
                 return compiled()
-            except torch._dynamo.exc.TorchDynamoException as e:  # imported by __init__  # tracing or code generation: nothing ran yet
+            except torch._dynamo.exc.TorchDynamoException as e:  # tracing or code generation (imported by __init__)
                 self.fail(e)
                 return region()
         return run

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from graft_cli.core.cpu_units import CpuUnits
 from graft_cli.runtime import cpu_linear
 from graft_cli.runtime.cpu_linear import CpuLinear, use_cpu_linears
 from graft_cli.drafting.proposer import GraftProposer
@@ -48,9 +49,28 @@ def test_tied_weights_stay_tied_and_other_dtypes_are_left_alone():
     model.lm_head.weight = model.model.embed_tokens.weight
     use_cpu_linears(model)
     assert type(model.lm_head) is CpuLinear and model.lm_head.weight is model.model.embed_tokens.weight
-    half = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    half = torch.nn.Linear(4, 4).to(torch.float16)
     use_cpu_linears(half)
     assert type(half) is torch.nn.Linear
+
+
+@pytest.mark.parametrize("units", [True, False])
+def test_bf16_layers_are_packed_only_where_the_cpu_multiplies_bf16(monkeypatch, units):
+    """Packed bf16 takes half packed fp32's time where the units exist; elsewhere bf16 is emulated either way and
+    stays plain."""
+    monkeypatch.setattr(cpu_linear, "cpu_units", lambda: CpuUnits("test", avx512_bf16=units))
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 96, bias=True).to(torch.bfloat16)
+    weight = layer.weight.detach().clone()
+    use_cpu_linears(layer, pack=True)
+    assert (type(layer) is CpuLinear) == units
+    x = torch.randn(1, 9, 64, dtype=torch.bfloat16)
+    full = layer(x)
+    assert full.dtype == torch.bfloat16
+    torch.testing.assert_close(full, F.linear(x, weight, layer.bias), rtol=2e-2, atol=2e-2)
+    if units:  # a row's bits do not depend on the rows beside it: a bf16 tree's linears match a one-row step
+        for row in range(9):
+            assert torch.equal(layer(x[:, row : row + 1]), full[:, row : row + 1])
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])

@@ -11,6 +11,12 @@ one-token forward only streams it. The remedy, measured (docs/benchmarks.md, "CP
 - inputs of 1-3 rows are padded to 4: oneDNN's kernels for fewer rows over a packed weight run slower than 4
   rows (2 rows cost 1.3 one-row forwards, 4 rows 1.0).
 
+A bf16 model's layers are packed alike where the CPU multiplies bf16 in hardware (AMX or AVX512-BF16,
+graft_cli/core/cpu_units.py): there the packed bf16 product takes about half the packed fp32 one's time at every
+row count from 1 to 64 (half the bytes to stream), where transformers' plain bf16 linear lost to fp32 below 16
+rows; elsewhere bf16 stays plain (emulated either way). Its row results do not depend on the rows beside it
+either, so a bf16 tree's linears give each row the bits a one-row step gives it.
+
 The packed copy costs as much memory as the weights, so a model is packed only when the machine has room for the
 copy (``GRAFT_CPU_PACK=0`` never packs, ``=1`` always does); otherwise its layers run oneDNN over the plain
 weight. The plain weight stays: other code reads it (an EAGLE-3 head's training copies the target's LM head rows,
@@ -27,6 +33,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from graft_cli.core.cpu_units import cpu_units
 
 PAD_ROWS = 4  # 1-3 rows through a packed weight run as 4
 PACK_BATCH = 8  # the row count oneDNN's packed layout is chosen for (measured best among 1, 4 and 8)
@@ -77,14 +85,20 @@ def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+def packed_dtypes() -> tuple[torch.dtype, ...]:
+    """The weight dtypes this CPU's packed kernels serve: fp32, and bf16 where the CPU has bf16 units."""
+    return (torch.float32, torch.bfloat16) if cpu_units().bf16 else (torch.float32,)
+
+
 def use_cpu_linears(model: nn.Module, pack: bool | None = None) -> None:
-    """Switch every plain fp32 CPU ``nn.Linear`` of ``model`` to ``CpuLinear`` in place (nothing is copied but
-    the packed weights). ``pack`` None: as ``GRAFT_CPU_PACK`` says, else when the copy fits in the memory
-    available."""
+    """Switch every plain CPU ``nn.Linear`` of ``model`` whose dtype :func:`packed_dtypes` names to ``CpuLinear``
+    in place (nothing is copied but the packed weights). ``pack`` None: as ``GRAFT_CPU_PACK`` says, else when the
+    copy fits in the memory available."""
     if not onednn_available():
         return  # plain F.linear it stays
+    dtypes = packed_dtypes()
     layers = [m for m in model.modules()
-              if type(m) is nn.Linear and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32]
+              if type(m) is nn.Linear and m.weight.device.type == "cpu" and m.weight.dtype in dtypes]
     if pack is None and os.environ.get("GRAFT_CPU_PACK") in ("0", "1"):
         pack = os.environ["GRAFT_CPU_PACK"] == "1"
     if pack is None:

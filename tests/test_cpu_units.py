@@ -41,3 +41,25 @@ def test_bf16_without_its_units_is_noted(tiny_dir, capsys, monkeypatch):
         assert ("no bf16 matrix unit" in err) == noted
         loading.load_model(str(tiny_dir), "cpu", "float32")
         assert "bf16" not in capsys.readouterr().err
+
+
+def test_auto_picks_bf16_only_where_the_cpu_multiplies_it(monkeypatch):
+    """``--dtype auto`` on a CPU: bf16 where AMX or AVX512-BF16 make it faster, fp32 elsewhere; GRAFT_DTYPE
+    overrides the choice (the suite pins fp32 through it)."""
+    import pytest
+    import torch
+
+    from graft_cli.core import GraftError
+    from graft_cli.runtime import loading
+
+    monkeypatch.delenv("GRAFT_DTYPE")
+    for text, dtype in ((XEON, torch.bfloat16), (ZEN4, torch.bfloat16), (GUEST, torch.float32)):
+        monkeypatch.setattr(loading, "cpu_units", lambda text=text: parse_cpuinfo(text))
+        assert loading.pick_dtype("auto", "cpu") == dtype
+        assert loading.pick_dtype("float32", "cpu") == loading.pick_dtype("mixed", "cpu") == torch.float32
+    monkeypatch.setenv("GRAFT_DTYPE", "float32")
+    assert loading.pick_dtype("auto", "cpu") == torch.float32
+    assert loading.pick_dtype("bfloat16", "cpu") == torch.bfloat16  # a dtype asked for by name wins
+    monkeypatch.setenv("GRAFT_DTYPE", "fp8")
+    with pytest.raises(GraftError, match="GRAFT_DTYPE: unknown dtype 'fp8'"):
+        loading.pick_dtype("auto", "cpu")

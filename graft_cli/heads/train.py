@@ -30,7 +30,7 @@ from graft_cli.heads.model import TrainableHead, context_mask, shift, step_input
 from graft_cli.heads.regenerate import Regenerator
 from graft_cli.heads.teacher import Lesson, teach
 from graft_cli.runtime.cpu_linear import use_cpu_linears
-from graft_cli.runtime.loading import load_model
+from graft_cli.runtime.loading import load_model, pick_device
 
 
 @dataclass
@@ -288,9 +288,10 @@ def device_name(device: str) -> str:
 
 
 def _teacher(s: Settings) -> Any:
-    """The target, loaded frozen: on a CPU its linears on packed oneDNN kernels (15% faster here), packed whatever
-    the free memory, so that a resumed run computes the same bits."""
-    loaded = load_model(s.model, s.device, fast_cpu=False)
+    """The target, loaded frozen: on a CPU in fp32 (a head learns from the target's exact features, and a run
+    resumed on a machine with other matrix units must compute the same bits), its linears on packed oneDNN
+    kernels (15% faster here), packed whatever the free memory."""
+    loaded = load_model(s.model, s.device, "float32" if pick_device(s.device) == "cpu" else "auto", fast_cpu=False)
     if loaded.device == "cpu":
         use_cpu_linears(loaded.model, pack=True)
     for p in loaded.model.parameters():

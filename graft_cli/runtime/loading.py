@@ -30,12 +30,13 @@ from graft_cli.models import FORWARDS, own_model, servable
 from graft_cli.models.config import plain_config, plain_generation
 from graft_cli.models.decoder import FUSED
 from graft_cli.models.tokenizer import light_tokenizer
-from graft_cli.runtime.cpu_linear import CpuLinear, use_cpu_linears
+from graft_cli.runtime.cpu_linear import CpuLinear, packed_dtypes, use_cpu_linears
 from graft_cli.runtime.prompt_precision import add_prompt_copies
 from graft_cli.runtime.limits import Limits, limits
 from graft_cli.runtime.target import input_device
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "mixed")
 OWN_BY_DEFAULT = True  # --forward auto: graft's own forward where it serves the model, measured faster (docs/models.md)
 
 
@@ -67,17 +68,25 @@ def pick_device(device: str) -> str:
 
 
 def pick_dtype(dtype: str, device: str) -> torch.dtype:
-    """fp32 on a CPU (bf16 is slower there), bf16 on a GPU that has it, else fp16. ``mixed`` (a CPU's prompts in
-    bf16, graft_cli/runtime/prompt_precision.py) holds fp32 weights."""
+    """``auto``: ``GRAFT_DTYPE`` where set; else on a CPU bf16 where it multiplies bf16 in hardware (AMX or
+    AVX512-BF16: there a packed bf16 step takes about 0.6 of fp32's time, docs/models.md) and fp32 elsewhere
+    (emulated bf16 is slower), on a GPU bf16 where it has it, else fp16. ``mixed`` (a CPU's prompts in bf16,
+    graft_cli/runtime/prompt_precision.py) holds fp32 weights."""
+    if dtype == "auto" and os.environ.get("GRAFT_DTYPE", "auto") != "auto":
+        if os.environ["GRAFT_DTYPE"] not in DTYPES:
+            raise GraftError(f"GRAFT_DTYPE: unknown dtype '{os.environ['GRAFT_DTYPE']}' (use {', '.join(DTYPES)})")
+        return pick_dtype(os.environ["GRAFT_DTYPE"], device)
     if dtype == "mixed" and device != "cpu":
         raise GraftError("--dtype mixed is a CPU mode (a prompt's forward in bf16); on a GPU use bfloat16")
-    if dtype in ("auto", "mixed"):
+    if dtype == "mixed":
+        return torch.float32
+    if dtype == "auto":
         if device == "cpu":
-            return torch.float32
+            return torch.bfloat16 if cpu_units().bf16 else torch.float32
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype not in table:
-        raise GraftError(f"unknown dtype '{dtype}' (use auto, float32, bfloat16, float16 or mixed)")
+        raise GraftError(f"unknown dtype '{dtype}' (use {', '.join(DTYPES)})")
     return table[dtype]
 
 
@@ -124,7 +133,7 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map:
         model.to(device)
     model.eval()
     # the faster CPU linear kernels (cpu_linear.py); a sharded model's modules belong to accelerate
-    if device == "cpu" and device_map is None and fast_cpu and next(model.parameters()).dtype == torch.float32:
+    if device == "cpu" and device_map is None and fast_cpu and next(model.parameters()).dtype in packed_dtypes():
         use_cpu_linears(model)
         if dtype == "mixed":
             add_prompt_copies(model)

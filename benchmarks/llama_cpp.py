@@ -4,8 +4,8 @@ questions as the same tokens, greedy, the same number of new tokens, on one thre
     python -m benchmarks.llama_cpp [--questions 8] [-n 64] [--threads 1,2] [--out DIR] [--sdist FILE] [--prepare]
 
 Rows: llama.cpp's plain decoding (``llama-completion``) and its prompt lookup (``llama-lookup``) on the model's
-F32 and Q8_0 GGUF, graft's ``ar`` and ``graft`` in fp32 (graft cannot yet keep a GGUF's weights quantized, so its
-Q8_0 row is reported missing); then ``llama-bench``'s synthetic prefill (pp) and decoding (tg) rates. The question
+F32, BF16 and Q8_0 GGUF, graft's ``ar`` and ``graft`` in fp32 and in bf16 (graft cannot yet keep a GGUF's weights
+quantized, so its Q8_0 row is reported missing); then ``llama-bench``'s synthetic prefill (pp) and decoding (tg) rates. The question
 loop is interleaved (every engine runs question 1, then every engine question 2, ...) so that drift on a shared
 machine hits every engine alike. Before anything is timed the rendered prompt's tokens are checked to be the same
 in both engines (llama.cpp's ``--verbose-prompt`` against graft's tokenizer); each text is then compared with
@@ -35,7 +35,8 @@ from graft_cli.core.threads import available_cores, sleep_while_waiting
 # eight's prompts run from 40 to 769 tokens, the short ones first (a quick look with --questions 2 stays quick)
 CATEGORIES = ("coding", "writing", "translation", "qa", "math_reasoning", "extraction", "summarization", "rag",
               "reasoning", "stem", "roleplay", "humanities", "math")
-WEIGHTS = ("F32", "Q8_0")
+WEIGHTS = ("F32", "BF16", "Q8_0")
+GRAFT_DTYPES = {"F32": "float32", "BF16": "bfloat16"}  # the weights graft runs at, and its --dtype for them
 CONTEXT = 4096  # llama.cpp's context: the longest prompt chosen plus its answer fit
 
 
@@ -106,16 +107,18 @@ class LlamaRunner:
             raise GraftError(f"{tool}: {e}") from None
 
 
-def graft_generators(loaded, threads: int) -> dict[str, object]:
-    """graft's ``ar`` and ``graft`` on the model in fp32, on ``threads`` threads, built afresh (so the second
-    thread count's graft learned nothing in the first), no prefix cache (every prompt is prefilled whole, as
-    llama.cpp's are), each warmed by one short generation."""
+def graft_generators(models: dict[str, object], threads: int) -> dict[tuple[str, str], object]:
+    """graft's ``ar`` and ``graft`` on the model at each weights of ``models`` (GRAFT_DTYPES), keyed (method,
+    weights), on ``threads`` threads, built afresh (so the second thread count's graft learned nothing in the
+    first), no prefix cache (every prompt is prefilled whole, as llama.cpp's are), each warmed by one short
+    generation."""
     from graft_cli.api.generator import Generator
     from graft_cli.core.threads import use_threads
     from graft_cli.method.config import configure
 
     use_threads(threads)
-    generators = {m: Generator(loaded, configure(m), prefix_cache=0) for m in ("ar", "graft")}
+    generators = {(m, w): Generator(loaded, configure(m), prefix_cache=0)
+                  for w, loaded in models.items() for m in ("ar", "graft")}
     for g in generators.values():
         g.generate("Say hello.", max_new_tokens=8)
     return generators
@@ -136,28 +139,39 @@ def graft_run(generator, prompt: Prompt, n: int) -> tuple[Timing, str, list[int]
     return timing, c.text, c.token_ids
 
 
-def thread_rows(runner: LlamaRunner, loaded, chosen: list[Prompt], threads: int, n: int) -> tuple[list[Row], dict]:
+def graft_texts(generators: dict, rows: dict[tuple[str, str], Row], prompt: Prompt, n: int,
+                equal: dict[str, int]) -> dict[str, str]:
+    """graft's methods at each weights on one question: timings into ``rows``, each text by row key, and
+    ``equal[weights]`` counts the questions where graft's tokens are ``ar``'s at the same weights (lossless)."""
+    texts, ids = {}, {}
+    for key, generator in generators.items():
+        timing, texts[key], ids[key] = graft_run(generator, prompt, n)
+        rows[key].timings.append(timing)
+    for weights in {w for _, w in generators}:
+        equal[weights] = equal.get(weights, 0) + (ids[("graft", weights)] == ids[("ar", weights)])
+    return texts
+
+
+def thread_rows(runner: LlamaRunner, models: dict[str, object], chosen: list[Prompt], threads: int,
+                n: int) -> tuple[list[Row], dict]:
     """Every engine on every question at one thread count, question by question; texts compared with graft
-    ar's, and graft's tokens with ar's."""
-    generators = graft_generators(loaded, threads)
+    ar's in fp32, and graft's tokens with ar's at the same weights."""
+    generators = graft_generators(models, threads)
     llama_rows = {(tool, w): Row("llama.cpp" if tool == "llama-completion" else "llama-lookup", w, threads)
                   for tool in ("llama-completion", "llama-lookup") for w in WEIGHTS}
-    graft_rows = {m: Row("graft ar" if m == "ar" else "graft", "F32", threads) for m in generators}
-    texts: dict = {"questions": [], "graft_tokens_equal_ar": 0}
+    graft_rows = {(m, w): Row("graft ar" if m == "ar" else "graft", w, threads) for m, w in generators}
+    texts: dict = {"questions": [], "graft_tokens_equal_ar": {}}
     for prompt in chosen:
-        ar_timing, ar_text, ar_ids = graft_run(generators["ar"], prompt, n)
-        graft_timing, graft_text, graft_ids = graft_run(generators["graft"], prompt, n)
-        graft_rows["ar"].timings.append(ar_timing)
-        graft_rows["graft"].timings.append(graft_timing)
-        texts["graft_tokens_equal_ar"] += graft_ids == ar_ids
-        parted = {"graft": first_difference(graft_text, ar_text)}
+        graft_out = graft_texts(generators, graft_rows, prompt, n, texts["graft_tokens_equal_ar"])
+        ar_text = graft_out[("ar", "F32")]
+        parted = {f"{graft_rows[key].engine} {key[1]}": first_difference(text, ar_text)
+                  for key, text in graft_out.items()}
         for (tool, weights), row in llama_rows.items():
             timing, text = runner.run(tool, weights, prompt, threads)
             row.timings.append(timing)
             parted[f"{row.engine} {weights}"] = first_difference(text, ar_text)
-        for row, key in [(graft_rows["ar"], None), (graft_rows["graft"], "graft")] + \
-                [(r, f"{r.engine} {r.weights}") for r in llama_rows.values()]:
-            row.same_text += key is None or parted[key] is None
+        for row in [*graft_rows.values(), *llama_rows.values()]:
+            row.same_text += parted[f"{row.engine} {row.weights}"] is None
         texts["questions"].append({"question_id": prompt.question_id, "category": prompt.category,
                                    "prompt_tokens": len(prompt.ids), "ar_text": ar_text, "parted_at": parted})
         print(f"  {threads} thread(s), question {prompt.question_id} ({prompt.category}) done", file=sys.stderr,
@@ -216,14 +230,15 @@ def compare(args: argparse.Namespace, env: dict[str, str]) -> str:
     files = gguf_files(llama, models_dir() / args.model, args.model)
     if args.prepare:
         return f"llama.cpp {llama.version} in {llama.bin}; {', '.join(str(f) for f in files.values())}"
-    loaded = load_model(args.model, "cpu", "float32")
+    models = {w: load_model(args.model, "cpu", dtype) for w, dtype in GRAFT_DTYPES.items()}
+    loaded = models["F32"]
     chosen = prompts(loaded.tokenizer, args.dataset, args.questions)
     head = header(llama, args, threads)
     print(f"{head['cpu']}; load average {head['load_average']:.1f}", file=sys.stderr)
     runner, rows, texts = LlamaRunner(llama, files, args.n, env, loaded.tokenizer.eos_token or ""), [], []
     started = time.perf_counter()
     for count in threads:
-        got, compared = thread_rows(runner, loaded, chosen, count, args.n)
+        got, compared = thread_rows(runner, models, chosen, count, args.n)
         rows += got
         texts.append({"threads": count, **compared})
     bench = llama_bench(llama, files, threads, args.n, env) if args.bench else []

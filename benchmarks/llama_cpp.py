@@ -5,12 +5,12 @@ questions as the same tokens, greedy, the same number of new tokens, on one thre
 
 Rows: llama.cpp's plain decoding (``llama-completion``) and its prompt lookup (``llama-lookup``) on the model's
 F32, BF16 and Q8_0 GGUF, graft's ``ar`` and ``graft`` in fp32 and in bf16 (graft cannot yet keep a GGUF's weights
-quantized, so its Q8_0 row is reported missing); then ``llama-bench``'s synthetic prefill (pp) and decoding (tg) rates. The question
-loop is interleaved (every engine runs question 1, then every engine question 2, ...) so that drift on a shared
-machine hits every engine alike. Before anything is timed the rendered prompt's tokens are checked to be the same
-in both engines (llama.cpp's ``--verbose-prompt`` against graft's tokenizer); each text is then compared with
-graft ``ar``'s. llama.cpp is built on first use (benchmarks/llama_cpp_build.py). Writes ``table.md`` and
-``results.json`` to ``--out``; the CPU and its matrix units head both.
+quantized, so its Q8_0 row is reported missing); then ``llama-bench``'s synthetic prefill (pp) and decoding (tg)
+rates. The question loop is interleaved (every engine runs question 1, then every engine question 2, ...) so that
+drift on a shared machine hits every engine alike. Before anything is timed the rendered prompt's tokens are
+checked to be the same in both engines (llama.cpp's ``--verbose-prompt`` against graft's tokenizer); each text is
+then compared with graft ``ar``'s. llama.cpp is built on first use (benchmarks/llama_cpp_build.py). Writes
+``table.md`` and ``results.json`` to ``--out``; the CPU and its matrix units head both.
 """
 
 from __future__ import annotations

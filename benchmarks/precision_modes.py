@@ -1,6 +1,6 @@
-"""The CPU's precision modes end to end on long prompts: ``ar`` and ``graft`` in fp32, in the mixed mode (a
-prompt's linear layers in bf16, every step in fp32) and wholly in bf16, side by side in one process on one thread, graft's own
-forward, the prefix cache off.
+"""The CPU's precision modes end to end on long prompts: ``ar`` and ``graft`` in fp32, in the mixed mode (a prompt's
+linear layers in bf16, every step in fp32) and wholly in bf16, side by side in one process on one thread, graft's
+own forward, the prefix cache off.
 
     python -m benchmarks.precision_modes [--size 4k] [--prompts 3] [-n 128] [--threads 1] [--out FILE]
 

@@ -18,11 +18,12 @@ rows; elsewhere bf16 stays plain (emulated either way). Its row results do not d
 either, so a bf16 tree's linears give each row the bits a one-row step gives it.
 
 The packed copy costs as much memory as the weights, so a model is packed only when the machine has room for the
-copy (``GRAFT_CPU_PACK=0`` never packs, ``=1`` always does); otherwise its layers run oneDNN over the plain
-weight. The plain weight stays: other code reads it (an EAGLE-3 head's training copies the target's LM head rows,
-``--draft-vocab`` slices a draft's), and releasing it lowered no measured peak (fp32 safetensors are
-memory-mapped: their pages stay resident until the file's last tensor goes). The summation order changes in
-the last bits, as it already did between MKL's kernels for different row counts; greedy outputs stay identical to plain decoding in the same process, which is what the tests check.
+copy (``GRAFT_CPU_PACK=0`` never packs, ``=1`` always does); otherwise its layers run oneDNN over the plain weight.
+The plain weight stays: other code reads it (an EAGLE-3 head's training copies the target's LM head rows,
+``--draft-vocab`` slices a draft's), and releasing it lowered no measured peak (fp32 safetensors are memory-mapped:
+their pages stay resident until the file's last tensor goes). The summation order changes in the last bits, as it
+already did between MKL's kernels for different row counts; greedy outputs stay identical to plain decoding in the
+same process, which is what the tests check.
 """
 
 from __future__ import annotations

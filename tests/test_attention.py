@@ -70,37 +70,3 @@ def test_trees_and_chunks_through_the_split_decode_what_plain_decoding_does(kind
     assert tokens(Target(model, chunk=32), GraftProposer(12, drafter=drafter), prompt, 60) == truth
     assert model.config._attn_implementation == draft.config._attn_implementation == attention.NAME
 
-
-@pytest.mark.parametrize("mask", ["one row", "causal", "bool", "float"])
-def test_few_bf16_rows_attend_as_sdpa_does_in_fp32(mask):
-    """A step's bf16 rows go through two batched GEMMs (the CPU flash kernel is slow on them): the same attention
-    as fp32 SDPA within bf16's rounding, for every mask kind graft passes."""
-    gen = torch.Generator().manual_seed(0)
-    rows = 1 if mask == "one row" else 9
-    keys = 50
-    query, key, value = (torch.randn(1, h, n, 16, generator=gen) for h, n in ((6, rows), (2, keys), (2, keys)))
-    allowed = torch.ones(rows, keys, dtype=torch.bool).tril(keys - rows)
-    if mask in ("bool", "float"):
-        allowed[:, keys - rows:] &= torch.rand(rows, rows, generator=gen) > 0.5
-        allowed[:, keys - rows:].fill_diagonal_(True)
-    given = {"one row": None, "causal": None, "bool": allowed[None, None],
-             "float": torch.zeros(rows, keys).masked_fill_(~allowed, float("-inf"))[None, None]}[mask]
-    want = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed[None, None],
-                                                            scale=0.25, enable_gqa=True)
-    half = [t.bfloat16() for t in (query, key, value)]
-    given = given.bfloat16() if mask == "float" else given
-    got = split_kernel.attend(*half, given, None, 0.25)
-    assert got.dtype == torch.bfloat16 and got.shape == want.shape
-    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=0)
-
-
-def test_many_bf16_rows_keep_sdpa(monkeypatch):
-    """A prompt's chunk (more than HALF_ROWS rows) stays on SDPA's flash kernel, fast on many rows."""
-    called = []
-    monkeypatch.setattr(split_kernel, "half_rows", lambda *a: called.append(a))
-    rows = split_kernel.HALF_ROWS + 1
-    query, key, value = (torch.randn(1, 2, rows, 8).bfloat16() for _ in range(3))
-    split_kernel.attend(query, key, value, None, None, 1.0)
-    assert not called
-    split_kernel.attend(query[:, :, :2], key, value, None, None, 1.0)
-    assert len(called) == 1

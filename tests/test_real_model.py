@@ -138,3 +138,18 @@ def test_the_shipped_head_drafts_ahead_on_the_fixed_shape_path_with_one_read_a_s
     assert set(reads) == {1}
     drafted = sum(1 for record in proposer.trace if record["levels"])
     assert drafted >= len(proposer.trace) // 2 and proposer.drafter.before_read
+
+
+def test_bf16_with_graft_own_forward_is_token_identical_to_plain_bf16(prompts):
+    """What `--dtype auto` runs where the CPU has bf16 units: graft's forward, packed bf16 linears and row-invariant
+    attention, so every method gives plain bf16 decoding's tokens exactly, with no floating-point tie."""
+    from graft_cli.core.cpu_units import cpu_units
+
+    if not cpu_units().bf16:
+        pytest.skip(f"no bf16 units here ({cpu_units().summary()}): bf16 is emulated, unpacked, ties allowed")
+    loaded = load_model("smollm2-135m-instruct", "cpu", "bfloat16", forward="own")
+    for prompt in prompts[2:]:
+        ids = encode(loaded.tokenizer, prompt)
+        ar, _ = generate(loaded, "ar", ids, 32)
+        for method in ("pld", "graft"):
+            assert generate(loaded, method, ids, 32)[0] == ar, method

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-HALF_ROWS = 64  # low-precision rows up to which half_rows serves (a step's tree; a prompt's chunk goes to SDPA)
 SPLIT_FROM = 1024  # visible keys below which the split's extra kernels cost more than they save (measured)
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
@@ -46,36 +45,12 @@ def split(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: tor
     return seen * (seen_lse - total).exp().unsqueeze(-1) + tail * (tail_lse - total).exp().unsqueeze(-1)
 
 
-def half_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-              scaling: float) -> torch.Tensor:
-    """Grouped-query attention of a few bf16 (or fp16) rows on a CPU as two batched GEMMs, the query heads of a key
-    group folded into its rows, with the softmax in fp32 (transformers' eager arithmetic). torch's CPU flash
-    kernel is slow on few low-precision rows: one bf16 row over 4,000 keys took 3.9 ms a layer against 0.28 here
-    (17 rows: 3.0 against 1.7; fp32's kernel is fast, and fp32 keeps it). ``mask`` as :func:`attend` takes it;
-    None: causal, the rows being the keys' last. Returns ``[batch, heads, rows, dim]``."""
-    batch, heads, rows, dim = query.shape
-    kv_heads, keys = key.shape[1], key.shape[2]
-    groups = heads // kv_heads
-    folded = query.reshape(batch * kv_heads, groups * rows, dim)
-    scores = torch.bmm(folded, key.flatten(0, 1).transpose(1, 2)).float().mul_(scaling)
-    scores = scores.view(batch, kv_heads, groups, rows, keys)
-    if mask is None and rows > 1:
-        mask = torch.ones(rows, keys, dtype=torch.bool, device=query.device).tril(keys - rows)
-    if mask is not None:
-        mask = mask.reshape(-1, 1, 1, rows, keys) if mask.dim() == 4 else mask
-        scores = scores.masked_fill_(~mask, float("-inf")) if mask.dtype == torch.bool else scores.add_(mask)
-    probs = torch.softmax(scores, dim=-1).to(query.dtype).view(batch * kv_heads, groups * rows, keys)
-    return torch.bmm(probs, value.flatten(0, 1)).view(batch, heads, rows, dim)
-
-
 def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
            visible: int | None, scaling: float) -> torch.Tensor:
     """Grouped-query attention of ``[batch, heads, rows, dim]`` queries over the cache's keys and values (the
     rows' own last): under ``mask`` (additive or bool, ``[batch, 1, rows, keys]``) when given, else causal, each
     row seeing every key up to its own. ``visible``: leading keys every row sees (the split serves long ones)."""
     rows, keys = query.shape[2], key.shape[2]
-    if query.dtype != torch.float32 and query.device.type == "cpu" and rows <= HALF_ROWS:
-        return half_rows(query, key, value, mask, scaling)
     if mask is None:
         if rows == 1 or rows == keys:  # one new row sees every key; a first chunk is plain causal
             return F.scaled_dot_product_attention(query, key, value, is_causal=rows > 1, scale=scaling,

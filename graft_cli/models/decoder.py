@@ -12,7 +12,9 @@ checkpoint loads as it is (the projections a layer reads of one input stacked in
 CPU's packed linears (graft_cli/runtime/cpu_linear.py) switch its layers alike.
 
 What it computes is transformers' arithmetic in the same order, so outputs agree within float tolerance (the tests
-compare logits); greedy tokens are identical to plain decoding with the same forward, which is graft's contract.
+compare logits); greedy tokens are identical to plain decoding with the same forward, which is graft's contract. A
+CPU's few low-precision rows (a step, a tree) attend through graft_cli/models/invariant.py instead, whose rows get
+the bits a one-row step gets, so that contract holds in bf16 too, tie for tie.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from graft_cli.models.attention import attend
+from graft_cli.models.invariant import Layout, invariant_rows, layout_for
 from graft_cli.models.families import Family
 
 
@@ -100,14 +103,17 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.heads * self.head_dim, width, bias=family.out_bias(config))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
-                layer: Any, visible: int | None) -> torch.Tensor:
+                layer: Any, visible: int | None, layout: Layout | None) -> torch.Tensor:
         batch, rows, _ = x.shape
         qkv = self.qkv_proj(x).view(batch, rows, self.heads + 2 * self.kv_heads, self.head_dim).transpose(1, 2)
         qk = rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)  # queries and keys rotate together
         q, k, v = qk[:, : self.heads], qk[:, self.heads :], qkv[:, self.heads + self.kv_heads :]
         if layer is not None:  # the cache keeps the rows and hands back every key the rows may see
             k, v = layer.update(k, v)
-        out = attend(q, k, v, mask, visible, self.scaling)
+        if layout is not None:  # a CPU's few low-precision rows, each as plain decoding computes it
+            out = invariant_rows(q, k, v, layout, self.scaling)
+        else:
+            out = attend(q, k, v, mask, visible, self.scaling)
         return self.o_proj(out.transpose(1, 2).reshape(batch, rows, self.heads * self.head_dim))
 
 
@@ -134,8 +140,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
-                layer: Any, visible: int | None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, layer, visible)
+                layer: Any, visible: int | None, layout: Layout | None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, layer, visible, layout)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -180,14 +186,15 @@ class CausalLM(nn.Module):
         only each other); ``visible``: leading keys every row sees; ``logits_to_keep``: the last rows' logits
         only (0: all)."""
         layers: Sequence[Any] = cache.layers if cache is not None and use_cache else [None] * len(self.model.layers)
+        past = layers[0].get_seq_length() if layers[0] is not None else 0
         if position_ids is None:
-            past = layers[0].get_seq_length() if layers[0] is not None else 0
             position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)[None]
         x = self.model.embed_tokens(input_ids)
+        layout = layout_for(x, attention_mask, visible, past)  # once for every layer
         cos, sin = self.rotary.tables(position_ids, x.dtype)
         states = [x] if output_hidden_states else None
         for block, layer in zip(self.model.layers, layers):
-            x = block(x, cos, sin, attention_mask, layer, visible)
+            x = block(x, cos, sin, attention_mask, layer, visible, layout)
             if states is not None:
                 states.append(x)
         x = self.model.norm(x)

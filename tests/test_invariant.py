@@ -1,0 +1,96 @@
+"""Row-invariant attention (graft_cli/models/invariant.py): a tree's or a chunk's row gets, bit for bit, what a
+one-row step at its position gets, close to fp32 attention; through the model, bf16 trees decode plain bf16
+decoding's tokens exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from graft_cli.bench.synthetic import save_model_dir, word_tokenizer
+from graft_cli.core.cpu_units import CpuUnits
+from graft_cli.drafting.proposer import GraftProposer
+from graft_cli.models import own_model
+from graft_cli.models.config import plain_config
+from graft_cli.models.invariant import FEW_ROWS, invariant_rows, layout_for
+from graft_cli.runtime import cpu_linear
+from graft_cli.runtime.cpu_linear import use_cpu_linears
+from graft_cli.runtime.target import Target
+from tests.test_kv_cache import tokens
+from tests.tiny import VOCAB, OracleTreeProposer, tiny_model
+
+PARENTS = [-1, 0, 0, 1, 1, 2, 3, 3, 5, -1, 9]  # a tree of two roots; node i's parent (-1: the step's root)
+
+
+def layout(mask, rows: int, visible, past: int):
+    return layout_for(torch.zeros(1, rows, 4, dtype=torch.bfloat16), mask, visible, past)
+
+
+def ancestry(node: int) -> list[int]:
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = PARENTS[node]
+    return path[::-1]
+
+
+@pytest.mark.parametrize("cached", [5, 64, 150, 1000])  # within a block, on its edge, past a few
+@pytest.mark.parametrize("given", ["visible", "mask only", "bool"])
+def test_a_tree_row_is_the_one_row_step_at_its_position(cached, given):
+    gen = torch.Generator().manual_seed(cached)
+    rows, keys = len(PARENTS), cached + len(PARENTS)
+    query, key, value = (torch.randn(1, h, n, 64, generator=gen).bfloat16()
+                         for h, n in ((6, rows), (2, keys), (2, keys)))
+    seen = torch.zeros(rows, keys, dtype=torch.bool)
+    seen[:, :cached] = True
+    for row in range(rows):
+        seen[row, [cached + a for a in ancestry(row)]] = True
+    mask = seen if given == "bool" else torch.zeros(rows, keys).masked_fill_(~seen, torch.finfo(torch.float32).min)
+    tree = invariant_rows(query, key, value, layout(mask[None, None], rows, cached if given == "visible" else None,
+                                                    cached), 0.125)
+    want = torch.nn.functional.scaled_dot_product_attention(query.float(), key.float(), value.float(),
+                                                            attn_mask=seen[None, None], scale=0.125, enable_gqa=True)
+    torch.testing.assert_close(tree.float(), want, atol=3e-2, rtol=0)
+    for row in range(rows):
+        columns = list(range(cached)) + [cached + a for a in ancestry(row)]
+        alone = invariant_rows(query[:, :, row : row + 1], key[:, :, columns], value[:, :, columns],
+                               layout(None, 1, None, len(columns) - 1), 0.125)
+        assert torch.equal(alone, tree[:, :, row : row + 1])
+
+
+def test_a_causal_chunks_rows_are_one_row_steps():
+    gen = torch.Generator().manual_seed(1)
+    rows, cached = 12, 70
+    query, key, value = (torch.randn(1, h, n, 32, generator=gen).bfloat16()
+                         for h, n in ((4, rows), (2, cached + rows), (2, cached + rows)))
+    chunk = invariant_rows(query, key, value, layout(None, rows, None, cached), 0.25)
+    for row in range(rows):
+        end = cached + row + 1
+        alone = invariant_rows(query[:, :, row : row + 1], key[:, :, :end], value[:, :, :end],
+                               layout(None, 1, None, end - 1), 0.25)
+        assert torch.equal(alone, chunk[:, :, row : row + 1])
+
+
+def test_it_serves_only_a_cpus_few_low_precision_rows():
+    assert layout_for(torch.zeros(1, 3, 4), None, None, 10) is None  # fp32: SDPA, whose kernels are fast there
+    assert layout_for(torch.zeros(1, FEW_ROWS + 1, 4, dtype=torch.bfloat16), None, None, 0) is None  # a prompt
+    assert layout_for(torch.zeros(2, 3, 4, dtype=torch.bfloat16), None, None, 10) is None  # a batch
+    assert layout_for(torch.zeros(1, 3, 4, dtype=torch.bfloat16), None, None, 10).shared == 10
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_bf16_trees_decode_exactly_the_tokens_of_plain_bf16_decoding(kind, tmp_path, monkeypatch):
+    """The linears packed as graft loads a bf16 model where the CPU has bf16 units (their rows are invariant too:
+    tests/test_prompt_precision.py); the prompt in the same chunks for both (a prompt split otherwise rounds
+    otherwise: the prefix cache's note in docs/models.md)."""
+    monkeypatch.setattr(cpu_linear, "cpu_units", lambda: CpuUnits("test", avx512_bf16=True))
+    reference = tiny_model(kind, seed=4, layers=3, max_position_embeddings=1024)
+    folder = save_model_dir(tmp_path / kind, reference, word_tokenizer())
+    model = own_model(plain_config(folder), folder, torch.bfloat16)  # as graft loads it: no transformers config
+    use_cpu_linears(model, pack=True)
+    prompt = np.random.default_rng(3).integers(0, VOCAB, 90).tolist()
+    truth = tokens(Target(model, chunk=32), GraftProposer(0), prompt, 60)
+    for seed in range(3):
+        assert tokens(Target(model, chunk=32), OracleTreeProposer(truth, len(prompt), seed, "mixed"), prompt,
+                      60) == truth

@@ -80,20 +80,20 @@ def invariant_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         canon = torch.cat([scores[..., :shared], tail], dim=-1).float().mul_(scaling)
         canon[..., shared:].masked_fill_(~layout.valid, float("-inf"))
     probs = torch.softmax(canon, dim=-1).to(query.dtype)  # [kv_heads, groups, rows, canonical keys]
-    full = shared // BLOCK * BLOCK  # positions in whole blocks of the shared keys: one set of values for all rows
-    blocks = [blocks_times(probs[..., :full], value[0, :, :full])] if full else []
-    rest = probs[..., full:]
-    if layout.columns is None:  # the keys' own order: the rest of the values are every row's
-        blocks.append(blocks_times(rest, value[0, :, full:]))
-    else:  # each row's own values: the shared keys' last part, then its tail's
+    if layout.columns is None:  # the keys' own order: every row's values are the same
+        blocks = blocks_times(probs, value[0])
+    else:
+        full = shared // BLOCK * BLOCK  # whole blocks of the shared keys: one set of values for all rows
+        parts = [blocks_times(probs[..., :full], value[0, :, :full])] if full else []
+        # each row's own values from there: the shared keys' last part, then its tail's
         own = value[0, :, layout.columns.flatten()].view(kv_heads, rows, -1, dim) * layout.valid[None, :, :, None]
         own = torch.cat([value[0, :, full:shared, None].expand(-1, -1, rows, -1).transpose(1, 2), own], dim=2)
         pad = -own.shape[2] % BLOCK
         own = F.pad(own, (0, 0, 0, pad)).view(kv_heads, rows, -1, BLOCK, dim)
-        p = F.pad(rest, (0, pad)).view(kv_heads, groups, rows, -1, BLOCK).permute(0, 2, 3, 1, 4)
-        blocks.append(torch.matmul(p, own).permute(0, 3, 1, 2, 4))
+        p = F.pad(probs[..., full:], (0, pad)).view(kv_heads, groups, rows, -1, BLOCK).permute(0, 2, 3, 1, 4)
+        blocks = torch.cat([*parts, torch.matmul(p, own).permute(0, 3, 1, 2, 4)], dim=3)
     # block by block in position order (cumsum adds in sequence; trailing zero blocks add nothing)
-    out = torch.cat(blocks, dim=3).float().cumsum(dim=3)[..., -1, :]
+    out = blocks.float().cumsum(dim=3)[..., -1, :]
     return out.to(query.dtype).reshape(1, heads, rows, dim)
 
 

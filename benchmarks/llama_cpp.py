@@ -230,7 +230,7 @@ def compare(args: argparse.Namespace, env: dict[str, str]) -> str:
     files = gguf_files(llama, models_dir() / args.model, args.model)
     if args.prepare:
         return f"llama.cpp {llama.version} in {llama.bin}; {', '.join(str(f) for f in files.values())}"
-    models = {w: load_model(args.model, "cpu", dtype) for w, dtype in GRAFT_DTYPES.items()}
+    models = {w: load_model(args.model, "cpu", dtype, forward="auto") for w, dtype in GRAFT_DTYPES.items()}
     loaded = models["F32"]
     chosen = prompts(loaded.tokenizer, args.dataset, args.questions)
     head = header(llama, args, threads)

@@ -1,6 +1,8 @@
 """What low precision buys on this CPU: a linear layer of the default model's shapes at 1, 16, 64 and 512 rows
-in fp32, bf16 and weight-only int8, then plain decoding and graft in fp32 and bf16 on one prompt, with whether
-graft's tokens are plain decoding's in the same dtype (or where they part at a floating-point tie, and its margin).
+through the kernels graft runs it on (oneDNN's packed fp32 and, where the CPU has bf16 units, packed bf16;
+graft_cli/runtime/cpu_linear.py) and weight-only int8, then plain decoding and graft in fp32 and bf16 on one
+prompt through graft's own forward, with whether graft's tokens are plain decoding's in the same dtype (or where
+they part at a floating-point tie, and its margin).
 
     python -m benchmarks.cpu_precision [--threads 1] [-n 32] [--parts products,decoding]
 
@@ -14,7 +16,6 @@ import argparse
 import time
 
 import torch
-import torch.nn.functional as F
 
 from graft_cli.core import Stats
 from graft_cli.core.cpu_units import cpu_units
@@ -22,6 +23,7 @@ from graft_cli.core.threads import use_threads
 from graft_cli.method import builder as methods
 from graft_cli.method.config import configure
 from graft_cli.runtime.engine import decode
+from graft_cli.runtime.cpu_linear import use_cpu_linears
 from graft_cli.runtime.loading import encode, load_model, stop_ids
 from graft_cli.runtime.lossless import MarginTarget, first_difference, tie_tolerance
 from graft_cli.runtime.sampling import Sampling
@@ -50,15 +52,17 @@ def seconds(fn, repeats: int = 20, budget: float = 1.0) -> float:
 def products() -> None:
     print(f"{'layer':<20} {'rows':>5} {'fp32 ms':>8} {'bf16/fp32':>10} {'int8w/fp32':>11}")
     for name, (out, inp) in SHAPES.items():
-        w = torch.randn(out, inp)
-        wb = w.bfloat16()
+        layer, half = torch.nn.Linear(inp, out, bias=False), torch.nn.Linear(inp, out, bias=False).bfloat16()
+        use_cpu_linears(layer, pack=True)
+        use_cpu_linears(half, pack=True)  # packed where the CPU has bf16 units, else left plain as graft leaves it
+        w = layer.weight.detach()
         scales = w.abs().amax(1) / 127
         wq = (w / scales[:, None]).round().to(torch.int8)
         for rows in ROWS:
             x = torch.randn(rows, inp)
             xb = x.bfloat16()
-            fp32 = seconds(lambda: F.linear(x, w))
-            bf16 = seconds(lambda: F.linear(xb, wb))
+            fp32 = seconds(lambda: layer(x))
+            bf16 = seconds(lambda: half(xb))
             int8 = seconds(lambda: torch._weight_int8pack_mm(x, wq, scales))
             print(f"{name:<20} {rows:>5} {fp32 * 1e3:>8.3f} {bf16 / fp32:>9.2f}x {int8 / fp32:>10.2f}x", flush=True)
 
@@ -80,7 +84,7 @@ def decoding(n: int) -> None:
     """ar and graft in fp32 and bf16; graft's bf16 tokens judged against plain bf16 decoding's as graft bench
     judges them (graft_cli/runtime/lossless.py)."""
     for dtype in ("float32", "bfloat16"):
-        loaded = load_model("smollm2-135m-instruct", "cpu", dtype)
+        loaded = load_model("smollm2-135m-instruct", "cpu", dtype, forward="auto")
         ids = encode(loaded.tokenizer, PROMPT)
         with torch.inference_mode():
             ar, ar_speed, margins = run(loaded, "ar", ids, n)

@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="CPU threads of both runs (default: 1)")
     args = parser.parse_args()
     use_threads(args.threads)
-    loaded = load_model(args.model, "auto")
+    loaded = load_model(args.model, "auto", forward="auto")  # the forward graft generate runs
     ids = encode(loaded.tokenizer, args.prompt)
     with torch.inference_mode():
         generate(loaded, configure("ar"), ids, 8)  # warm-up: the first forwards are slower

@@ -85,18 +85,26 @@ def invariant_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     if layout.columns is None:  # the keys' own order: every row's values are the same
         blocks = blocks_times(probs, value[0])
     else:
-        full = shared // BLOCK * BLOCK  # whole blocks of the shared keys: one set of values for all rows
-        parts = [blocks_times(probs[..., :full], value[0, :, :full])] if full else []
-        # each row's own values from there: the shared keys' last part, then its tail's
-        own = value[0, :, layout.columns.flatten()].view(kv_heads, rows, -1, dim) * layout.valid[None, :, :, None]
-        own = torch.cat([value[0, :, full:shared, None].expand(-1, -1, rows, -1).transpose(1, 2), own], dim=2)
-        pad = -own.shape[2] % BLOCK
-        own = F.pad(own, (0, 0, 0, pad)).view(kv_heads, rows, -1, BLOCK, dim)
-        p = F.pad(probs[..., full:], (0, pad)).view(kv_heads, groups, rows, -1, BLOCK).permute(0, 2, 3, 1, 4)
-        blocks = torch.cat([*parts, torch.matmul(p, own).permute(0, 3, 1, 2, 4)], dim=3)
+        blocks = tree_blocks(probs, value[0], layout)
     # block by block in position order (cumsum adds in sequence; trailing zero blocks add nothing)
     out = blocks.float().cumsum(dim=3)[..., -1, :]
     return out.to(query.dtype).reshape(1, heads, rows, dim)
+
+
+def tree_blocks(probs: torch.Tensor, values: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """A tree's canonical ``probs [kv_heads, groups, rows, keys]`` times its values ``[kv_heads, keys, dim]``,
+    block by block: the shared keys' whole blocks with one set of values for every row, then each row's own
+    values (the shared keys' last part, then its tail's, zero-padded). ``[kv_heads, groups, rows, blocks, dim]``."""
+    kv_heads, groups, rows, _ = probs.shape
+    shared, dim = layout.shared, values.shape[-1]
+    full = shared // BLOCK * BLOCK
+    parts = [blocks_times(probs[..., :full], values[:, :full])] if full else []
+    own = values[:, layout.columns.flatten()].view(kv_heads, rows, -1, dim) * layout.valid[None, :, :, None]
+    own = torch.cat([values[:, full:shared, None].expand(-1, -1, rows, -1).transpose(1, 2), own], dim=2)
+    pad = -own.shape[2] % BLOCK
+    own = F.pad(own, (0, 0, 0, pad)).view(kv_heads, rows, -1, BLOCK, dim)
+    p = F.pad(probs[..., full:], (0, pad)).view(kv_heads, groups, rows, -1, BLOCK).permute(0, 2, 3, 1, 4)
+    return torch.cat([*parts, torch.matmul(p, own).permute(0, 3, 1, 2, 4)], dim=3)
 
 
 def blocks_times(probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

@@ -69,4 +69,3 @@ def test_trees_and_chunks_through_the_split_decode_what_plain_decoding_does(kind
     drafter = DraftModelDrafter(draft, VOCAB, depth=4, top_k=3)
     assert tokens(Target(model, chunk=32), GraftProposer(12, drafter=drafter), prompt, 60) == truth
     assert model.config._attn_implementation == draft.config._attn_implementation == attention.NAME
-

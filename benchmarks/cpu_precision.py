@@ -2,9 +2,11 @@
 through the kernels graft runs it on (oneDNN's packed fp32 and, where the CPU has bf16 units, packed bf16;
 graft_cli/runtime/cpu_linear.py) and weight-only int8, then plain decoding and graft in fp32 and bf16 on one
 prompt through graft's own forward, with whether graft's tokens are plain decoding's in the same dtype (or where
-they part at a floating-point tie, and its margin).
+they part at a floating-point tie, and its margin), then a bf16 prompt's prefill through the row-invariant
+attention graft runs (graft_cli/models/invariant.py) against torch's flash kernel, with whether each gives the
+same rows when the prompt is split elsewhere (as a prefix-cache hit splits it).
 
-    python -m benchmarks.cpu_precision [--threads 1] [-n 32] [--parts products,decoding]
+    python -m benchmarks.cpu_precision [--threads 1] [-n 32] [--parts products,decoding,prefill]
 
 The CPU's matrix units are printed first (graft_cli/core/cpu_units.py): bf16 pays only with AMX or AVX512-BF16.
 Over a dataset: ``graft bench --dtype bfloat16`` lists every tie with its margin.
@@ -95,11 +97,55 @@ def decoding(n: int) -> None:
         print(f"{dtype:>9}: ar {ar_speed:6.2f} tok/s, graft {graft_speed:6.2f} tok/s; {verdict}", flush=True)
 
 
+def prefill(lengths: tuple[int, ...] = (500, 1500, 4000)) -> None:
+    """A bf16 prompt of each length prefilled in graft's 512-token chunks, its attention row-invariant and then
+    torch's flash kernel (the layout withheld from every chunk); each also split at two thirds of its length, its
+    rows then compared bit for bit with the whole prompt's."""
+    from unittest import mock
+
+    from graft_cli.models import decoder
+    from graft_cli.runtime.kv_cache import PositionCache
+    from graft_cli.runtime.target import PREFILL_CHUNK
+
+    loaded = load_model("smollm2-135m-instruct", "cpu", "bfloat16", forward="own")
+    model, text = loaded.model, " ".join(PROMPT for _ in range(600))
+
+    def rows(ids: list[int], split: int) -> tuple[torch.Tensor, float]:
+        """The cache's rows for ``ids`` fed as ``[0, split)`` then the rest, each in chunks; and the seconds."""
+        cache = PositionCache(model.config.num_hidden_layers)
+        cache.reserve(len(ids))
+        t0 = time.perf_counter()
+        for first, last in ((0, split), (split, len(ids))):
+            for start in range(first, last, PREFILL_CHUNK):
+                model(input_ids=torch.tensor([ids[start : min(last, start + PREFILL_CHUNK)]]), cache=cache,
+                      logits_to_keep=1, visible=start)
+        return cache.block[..., : len(ids), :], time.perf_counter() - t0
+
+    invariant_layout = decoder.layout_for
+
+    def flash(x: torch.Tensor, mask: torch.Tensor | None, visible: int | None, past: int):
+        """No layout for a prompt's chunk: its attention goes to SDPA, as before the layout covered prompts."""
+        return None if mask is None and x.shape[1] > 1 else invariant_layout(x, mask, visible, past)
+
+    print(f"{'tokens':>6} {'invariant s':>12} {'flash s':>8} {'ratio':>6}  same rows when split: invariant / flash")
+    tokens = loaded.tokenizer.encode(text)
+    rows(tokens[:600], 300)  # a warm-up: first calls pay for kernels' set-up
+    for length in lengths:
+        ids = tokens[:length]
+        whole, took = rows(ids, length)  # split at the end: not split
+        split, _ = rows(ids, length * 2 // 3)
+        with mock.patch.object(decoder, "layout_for", flash):
+            flash_whole, flash_took = rows(ids, length)
+            flash_split, _ = rows(ids, length * 2 // 3)
+        print(f"{length:>6} {took:>12.2f} {flash_took:>8.2f} {took / flash_took:>5.2f}x  "
+              f"{torch.equal(whole, split)} / {torch.equal(flash_whole, flash_split)}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("-n", type=int, default=32, help="tokens decoded per run")
-    parser.add_argument("--parts", default="products,decoding", help="products, decoding or both")
+    parser.add_argument("--parts", default="products,decoding,prefill", help="any of products, decoding, prefill")
     args = parser.parse_args()
     use_threads(args.threads)
     print(f"{cpu_units().summary()}; torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}), "
@@ -109,6 +155,9 @@ def main() -> None:
             products()
     if "decoding" in args.parts:
         decoding(args.n)
+    if "prefill" in args.parts:
+        with torch.inference_mode():
+            prefill()
 
 
 if __name__ == "__main__":

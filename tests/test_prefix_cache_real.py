@@ -68,3 +68,34 @@ def test_every_method_from_a_warm_cache_gives_a_cold_generators_tokens(smollm2, 
             cached = [n for _, n in warm]
             assert cached[0] == 0 and all(n > 60 for n in cached[1:]), (name, cached)  # the policy at least
             assert all(n == 0 for _, n in cold)
+
+
+def test_bf16_rows_are_the_same_bits_however_the_prompt_is_split():
+    """In bf16 on a CPU a row's attention does not depend on the rows fed with it (graft_cli/models/invariant.py),
+    so a hit's rows, a cold prompt's and those plain decoding wrote are one and the same: a hit is exact, not a
+    near-tie. Checked on the cache's bits, then on what a warm Generator gives."""
+    from graft_cli.core.cpu_units import cpu_units
+    from graft_cli.runtime.kv_cache import PositionCache
+
+    if not cpu_units().bf16:
+        pytest.skip(f"no bf16 units here ({cpu_units().summary()}): bf16 runs emulated, unpacked")
+    loaded = load_model(MODEL, "cpu", "bfloat16", forward="own")
+    model, ids = loaded.model, loaded.tokenizer.encode(SYSTEM * 2)[:300]
+
+    def rows(feeds: list[int]) -> torch.Tensor:
+        cache, start = PositionCache(model.config.num_hidden_layers), 0
+        cache.reserve(len(ids))
+        with torch.inference_mode():
+            for end in feeds:
+                model(input_ids=torch.tensor([ids[start:end]]), cache=cache, logits_to_keep=1, visible=start)
+                start = end
+        return cache.block[..., : len(ids), :]
+
+    whole = rows([len(ids)])
+    assert torch.equal(rows([77, 200, len(ids)]), whole)
+    assert torch.equal(rows([250, *range(251, len(ids) + 1)]), whole)  # the last 50 one token at a time
+    for method in ("ar", "graft"):
+        warm = served(Generator(loaded, configure(method)), dict(max_new_tokens=24))
+        cold = served(Generator(loaded, configure(method), prefix_cache=0), dict(max_new_tokens=24))
+        assert [ids for ids, _ in warm] == [ids for ids, _ in cold], method
+        assert all(n > 60 for _, n in warm[1:])

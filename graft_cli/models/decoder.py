@@ -12,9 +12,10 @@ checkpoint loads as it is (the projections a layer reads of one input stacked in
 CPU's packed linears (graft_cli/runtime/cpu_linear.py) switch its layers alike.
 
 What it computes is transformers' arithmetic in the same order, so outputs agree within float tolerance (the tests
-compare logits); greedy tokens are identical to plain decoding with the same forward, which is graft's contract. A
-CPU's few low-precision rows (a step, a tree) attend through graft_cli/models/invariant.py instead, whose rows get
-the bits a one-row step gets, so that contract holds in bf16 too, tie for tie.
+compare logits); greedy tokens are identical to plain decoding with the same forward, which is graft's contract.
+In low precision a CPU's rows (a step, a tree of up to 64 rows, a prompt's chunk) attend through
+graft_cli/models/invariant.py instead, whose rows get the bits a one-row step gets, so that contract holds in
+bf16 too, tie for tie, however a prompt is split.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class Attention(nn.Module):
         q, k, v = qk[:, : self.heads], qk[:, self.heads :], qkv[:, self.heads + self.kv_heads :]
         if layer is not None:  # the cache keeps the rows and hands back every key the rows may see
             k, v = layer.update(k, v)
-        if layout is not None:  # a CPU's few low-precision rows, each as plain decoding computes it
+        if layout is not None:  # a CPU's low-precision rows, each as plain decoding computes it
             out = invariant_rows(q, k, v, layout, self.scaling)
         else:
             out = attend(q, k, v, mask, visible, self.scaling)

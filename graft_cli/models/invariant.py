@@ -1,17 +1,21 @@
-"""Attention whose result for a row does not depend on the rows beside it: a low-precision tree's rows get the
-bits plain decoding gets at the same positions, so bf16 graft is token-identical to bf16 ``ar``, not only up to
-floating-point ties.
+"""Attention whose result for a row does not depend on the rows beside it: in low precision on a CPU every row,
+whether a step's, a tree's or a prompt chunk's, gets the bits plain decoding gets at its position. So bf16 graft
+is token-identical to bf16 ``ar``, not only up to floating-point ties, and a prompt gives the same rows however it
+is split: across ``--prefill-chunk`` values and between a prefix-cache hit and a cold request.
 
-Why the plain batched attention is not: a tree row sees the cache and its ancestors, which sit among the tree's
-other (masked) keys, while plain decoding sees the same keys packed one after another. The GEMMs and the softmax
-give a row the same bits whatever other rows travel with it and whatever masked (zero) keys trail it, but not when
-zeros sit *between* its keys: the bf16 dot-product instructions add keys in pairs, and a gap moves a key into
-another pair. So each row's keys are laid out canonically, by position (the cache's, then its ancestors' in depth
-order, then zeros), and the probabilities meet the values in fixed blocks of ``BLOCK`` positions, one GEMM per
-block, summed block by block in position order: every row then runs, block for block, the arithmetic plain
-decoding runs for its position. It serves a CPU's few low-precision rows (a step, a tree), where torch's flash
-kernel is slow anyway (one bf16 row over 4,000 keys: 3.9 ms a layer against 0.3 as GEMMs); a prompt's chunks go
-to SDPA. tests/test_invariant.py checks the bits; docs/models.md gives the cost.
+Why torch's kernels are not: the flash kernel tiles a chunk's rows and its last partial tile rounds otherwise (a
+prompt split at another token changes the rows just before the split), and a tree row sees the cache and its
+ancestors among the tree's other (masked) keys, where plain decoding sees them packed. GEMMs and the softmax give
+a row the same bits whatever rows travel with it and whatever masked keys trail it, but not when zeros sit
+*between* its keys: the bf16 dot-product instructions add keys in pairs, and a gap moves a key into another pair.
+So each row's keys are laid out canonically, by position (the cache's, then its ancestors' in depth order, then
+-inf up to a whole block), its scaled scores go through one softmax, and the probabilities meet the values in
+fixed blocks of ``BLOCK`` positions, one GEMM per block, summed in position order in fp64. A tree of more than
+``FEW_ROWS`` rows goes to SDPA (its gathered keys would cost more than they save).
+
+What it costs, measured (docs/models.md, "Precision on a CPU"): a step's attention over 4,000 keys takes 0.3 ms a
+layer against 3.9 through the flash kernel; a prompt's chunk takes about what the flash kernel takes at 1,500
+tokens and a fifth more at 4,000. tests/test_invariant.py checks the bits.
 """
 
 from __future__ import annotations
@@ -22,32 +26,33 @@ import torch
 import torch.nn.functional as F
 
 BLOCK = 64  # positions per values GEMM
-FEW_ROWS = 64  # rows up to which a forward takes this path
+FEW_ROWS = 64  # a tree's rows up to which a forward takes this path
+PIECE = 64  # a prompt chunk's rows that attend at once (measured: see causal_rows)
+LOOP_FROM = 2048  # elements a block from which :func:`in_order` adds block by block (measured)
 
 
 @dataclass(frozen=True)
 class Layout:
     """Where each row's keys sit, worked out once per forward for every layer: every row sees the first
     ``shared`` keys; then either the rows are the keys' last, each seeing those before it (``columns`` None: the
-    keys' own order is canonical, ``causal`` masks what a row does not see, None for one row), or each row sees
-    the key columns ``columns[row]`` where ``valid`` (its ancestors by depth, then itself)."""
+    keys' own order is canonical), or each row sees the key columns ``columns[row]`` where ``valid`` (its
+    ancestors by depth, then itself)."""
 
     shared: int
-    causal: torch.Tensor | None = None
     columns: torch.Tensor | None = None
     valid: torch.Tensor | None = None
 
 
 def layout_for(x: torch.Tensor, mask: torch.Tensor | None, visible: int | None, past: int) -> Layout | None:
     """The layout of a forward of ``x [batch, rows, width]`` after ``past`` cached keys, or None where this path
-    does not serve it (fp32, a GPU, a prompt's chunk, a batch)."""
+    does not serve it (fp32, a GPU, a batch, a tree of more than ``FEW_ROWS`` rows)."""
     batch, rows = x.shape[:2]
-    if x.dtype == torch.float32 or x.device.type != "cpu" or rows > FEW_ROWS or batch != 1:
+    if x.dtype == torch.float32 or x.device.type != "cpu" or batch != 1:
         return None
-    if mask is None:
-        keys = past + rows
-        causal = None if rows == 1 else ~torch.ones(rows, keys, dtype=torch.bool).tril(past)
-        return Layout(past, causal)
+    if mask is None:  # a step or a prompt's chunk, of any length
+        return Layout(past)
+    if rows > FEW_ROWS:
+        return None
     keys = mask.shape[-1]
     seen = mask.reshape(rows, keys)
     seen = seen if seen.dtype == torch.bool else seen == 0
@@ -63,32 +68,69 @@ def layout_for(x: torch.Tensor, mask: torch.Tensor | None, visible: int | None, 
 def invariant_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: Layout,
                    scaling: float) -> torch.Tensor:
     """Grouped-query attention of ``[1, heads, rows, dim]`` queries over ``[1, kv_heads, keys, dim]`` keys and
-    values as ``layout`` says each row sees them; the softmax in fp32, as transformers' eager attention. Returns
-    ``[1, heads, rows, dim]``."""
+    values as ``layout`` says each row sees them. The queries are scaled before the product and the softmax runs
+    over the low-precision scores (in fp32 inside torch's kernel): no fp32 copy of a long chunk's scores is made.
+    Returns ``[1, heads, rows, dim]``."""
+    if layout.columns is None:
+        return causal_rows(query, key, value, scaling)
     _, heads, rows, dim = query.shape
     kv_heads, shared = key.shape[1], layout.shared
     groups = heads // kv_heads
     # the cache's keys sit in a block whose head stride is its capacity; a batched GEMM over such keys takes a slow
     # path (at 4,000 keys 0.58 ms a layer), a contiguous copy of them and the GEMM 0.13 ms
-    scores = torch.bmm(query.reshape(kv_heads, groups * rows, dim), key[0].contiguous().transpose(1, 2))
+    scores = torch.bmm((query * scaling).reshape(kv_heads, groups * rows, dim), key[0].contiguous().transpose(1, 2))
     scores = scores.view(kv_heads, groups, rows, -1)
-    if layout.columns is None:
-        canon = scores.float().mul_(scaling)
-        if layout.causal is not None:
-            canon.masked_fill_(layout.causal, float("-inf"))
-    else:
-        width = layout.columns.shape[1]
-        tail = scores.gather(-1, layout.columns.expand(kv_heads, groups, rows, width))
-        canon = torch.cat([scores[..., :shared], tail], dim=-1).float().mul_(scaling)
-        canon[..., shared:].masked_fill_(~layout.valid, float("-inf"))
-    probs = torch.softmax(canon, dim=-1).to(query.dtype)  # [kv_heads, groups, rows, canonical keys]
-    if layout.columns is None:  # the keys' own order: every row's values are the same
-        blocks = blocks_times(probs, value[0])
-    else:
-        blocks = tree_blocks(probs, value[0], layout)
-    # block by block in position order (cumsum adds in sequence; trailing zero blocks add nothing)
-    out = blocks.float().cumsum(dim=3)[..., -1, :]
-    return out.to(query.dtype).reshape(1, heads, rows, dim)
+    width = layout.columns.shape[1]
+    tail = scores.gather(-1, layout.columns.expand(kv_heads, groups, rows, width))
+    canon = torch.cat([scores[..., :shared], tail.masked_fill_(~layout.valid, float("-inf"))], dim=-1)
+    probs = torch.softmax(canon, dim=-1)  # [kv_heads, groups, rows, canonical keys]
+    blocks = tree_blocks(probs, value[0], layout)  # [kv_heads, groups, rows, blocks, dim]
+    return in_order(blocks, 3).to(query.dtype).reshape(1, heads, rows, dim)
+
+
+def causal_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
+    """The rows are the keys' last, each seeing every key up to its own (a step, a prompt's chunk): ``PIECE`` rows
+    at a time, each piece over the keys up to its last row. Why pieces: a 512-row chunk's scores at 4,000 keys
+    are tens of megabytes a tensor, fresh pages every layer; 64 rows' stay in cache, and the prompt's prefill
+    then takes 0.8x the flash kernel's time instead of 1.4x (docs/models.md)."""
+    rows, past = query.shape[2], key.shape[2] - query.shape[2]
+    if rows <= PIECE:
+        return causal_piece(query, key, value, scaling)
+    pieces = []
+    for start in range(0, rows, PIECE):
+        end = past + min(rows, start + PIECE)
+        pieces.append(causal_piece(query[:, :, start : start + PIECE], key[:, :, :end], value[:, :, :end], scaling))
+    return torch.cat(pieces, dim=2)
+
+
+def causal_piece(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
+    """:func:`causal_rows` for up to ``PIECE`` rows. The keys are padded to whole blocks first (their scores then
+    -inf: zero probabilities, which change no row's bits), so the probabilities need no padded copy."""
+    _, heads, rows, dim = query.shape
+    kv_heads, keys = key.shape[1], key.shape[2]
+    groups, pad = heads // kv_heads, -keys % BLOCK
+    padded = F.pad(key[0], (0, 0, 0, pad))  # contiguous too: see invariant_rows
+    scores = torch.bmm((query * scaling).reshape(kv_heads, groups * rows, dim), padded.transpose(1, 2))
+    scores = scores.view(kv_heads, groups, rows, keys + pad)
+    scores[..., keys:] = float("-inf")
+    if rows > 1:
+        scores[..., keys - rows : keys].masked_fill_(torch.ones(rows, rows, dtype=torch.bool).triu(1), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).view(kv_heads, groups * rows, -1, BLOCK).transpose(1, 2)
+    values = F.pad(value[0], (0, 0, 0, pad)).view(kv_heads, -1, BLOCK, dim)
+    blocks = torch.matmul(probs, values)  # [kv_heads, blocks, groups * rows, dim]
+    return in_order(blocks, 1).to(query.dtype).view(1, heads, rows, dim)
+
+
+def in_order(blocks: torch.Tensor, dim: int) -> torch.Tensor:
+    """The sum of ``blocks`` along ``dim`` in position order, accumulated in fp64 (as ``cumsum`` accumulates:
+    trailing zero blocks add nothing). Few elements a block: one ``cumsum``, whose scalar loop is then cheapest;
+    many (a long chunk): one vectorised add per block, the same sums in the same order."""
+    if blocks.numel() // blocks.shape[dim] < LOOP_FROM:
+        return blocks.float().cumsum(dim).select(dim, -1)
+    total = blocks.select(dim, 0).double()
+    for i in range(1, blocks.shape[dim]):
+        total += blocks.select(dim, i)
+    return total.float()
 
 
 def tree_blocks(probs: torch.Tensor, values: torch.Tensor, layout: Layout) -> torch.Tensor:

@@ -35,7 +35,7 @@ def ancestry(node: int) -> list[int]:
     return path[::-1]
 
 
-@pytest.mark.parametrize("cached", [5, 64, 150, 1000])  # within a block, on its edge, past a few
+@pytest.mark.parametrize("cached", [5, 64, 150, 1000, 4000])  # within a block, on its edge, past a few, long
 @pytest.mark.parametrize("given", ["visible", "mask only", "bool"])
 def test_a_tree_row_is_the_one_row_step_at_its_position(cached, given):
     gen = torch.Generator().manual_seed(cached)

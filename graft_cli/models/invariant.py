@@ -68,9 +68,9 @@ def layout_for(x: torch.Tensor, mask: torch.Tensor | None, visible: int | None, 
 def invariant_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: Layout,
                    scaling: float) -> torch.Tensor:
     """Grouped-query attention of ``[1, heads, rows, dim]`` queries over ``[1, kv_heads, keys, dim]`` keys and
-    values as ``layout`` says each row sees them. The queries are scaled before the product and the softmax runs
-    over the low-precision scores (in fp32 inside torch's kernel): no fp32 copy of a long chunk's scores is made.
-    Returns ``[1, heads, rows, dim]``."""
+    values as ``layout`` says each row sees them. The queries are scaled before the product; the softmax runs in
+    fp32 over whole blocks, the padding at -inf (torch's fp32 softmax gives a row the same bits whatever -inf
+    trails it, where its bf16 one changes its arithmetic with the row's length). Returns ``[1, heads, rows, dim]``."""
     if layout.columns is None:
         return causal_rows(query, key, value, scaling)
     _, heads, rows, dim = query.shape
@@ -81,9 +81,11 @@ def invariant_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     scores = torch.bmm((query * scaling).reshape(kv_heads, groups * rows, dim), key[0].contiguous().transpose(1, 2))
     scores = scores.view(kv_heads, groups, rows, -1)
     width = layout.columns.shape[1]
-    tail = scores.gather(-1, layout.columns.expand(kv_heads, groups, rows, width))
-    canon = torch.cat([scores[..., :shared], tail.masked_fill_(~layout.valid, float("-inf"))], dim=-1)
-    probs = torch.softmax(canon, dim=-1)  # [kv_heads, groups, rows, canonical keys]
+    canon = torch.full((kv_heads, groups, rows, shared + width + -(shared + width) % BLOCK), float("-inf"))
+    canon[..., :shared] = scores[..., :shared]
+    canon[..., shared : shared + width] = scores.gather(-1, layout.columns.expand(kv_heads, groups, rows, width))
+    canon[..., shared : shared + width].masked_fill_(~layout.valid, float("-inf"))
+    probs = torch.softmax(canon, dim=-1).to(query.dtype)  # [kv_heads, groups, rows, canonical keys]
     blocks = tree_blocks(probs, value[0], layout)  # [kv_heads, groups, rows, blocks, dim]
     return in_order(blocks, 3).to(query.dtype).reshape(1, heads, rows, dim)
 
@@ -115,7 +117,8 @@ def causal_piece(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sc
     scores[..., keys:] = float("-inf")
     if rows > 1:
         scores[..., keys - rows : keys].masked_fill_(torch.ones(rows, rows, dtype=torch.bool).triu(1), float("-inf"))
-    probs = torch.softmax(scores, dim=-1).view(kv_heads, groups * rows, -1, BLOCK).transpose(1, 2)
+    probs = torch.softmax(scores.float(), dim=-1).to(query.dtype).view(kv_heads, groups * rows, -1, BLOCK)
+    probs = probs.transpose(1, 2)
     values = F.pad(value[0], (0, 0, 0, pad)).view(kv_heads, -1, BLOCK, dim)
     blocks = torch.matmul(probs, values)  # [kv_heads, blocks, groups * rows, dim]
     return in_order(blocks, 1).to(query.dtype).view(1, heads, rows, dim)
@@ -143,19 +146,16 @@ def tree_blocks(probs: torch.Tensor, values: torch.Tensor, layout: Layout) -> to
     parts = [blocks_times(probs[..., :full], values[:, :full])] if full else []
     own = values[:, layout.columns.flatten()].view(kv_heads, rows, -1, dim) * layout.valid[None, :, :, None]
     own = torch.cat([values[:, full:shared, None].expand(-1, -1, rows, -1).transpose(1, 2), own], dim=2)
-    pad = -own.shape[2] % BLOCK
-    own = F.pad(own, (0, 0, 0, pad)).view(kv_heads, rows, -1, BLOCK, dim)
-    p = F.pad(probs[..., full:], (0, pad)).view(kv_heads, groups, rows, -1, BLOCK).permute(0, 2, 3, 1, 4)
+    p = probs[..., full:]
+    own = F.pad(own, (0, 0, 0, p.shape[-1] - own.shape[2])).view(kv_heads, rows, -1, BLOCK, dim)
+    p = p.reshape(kv_heads, groups, rows, -1, BLOCK).permute(0, 2, 3, 1, 4)
     return torch.cat([*parts, torch.matmul(p, own).permute(0, 3, 1, 2, 4)], dim=3)
 
 
 def blocks_times(probs: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """``probs [kv_heads, groups, rows, keys]`` times the values ``[kv_heads, keys, dim]`` that every row shares,
-    one GEMM per block of ``BLOCK`` keys (zero-padded): ``[kv_heads, groups, rows, blocks, dim]``."""
-    kv_heads, groups, rows, keys = probs.shape
-    pad = -keys % BLOCK
-    if pad:
-        probs, values = F.pad(probs, (0, pad)), F.pad(values, (0, 0, 0, pad))
+    one GEMM per block of ``BLOCK`` keys (whole blocks): ``[kv_heads, groups, rows, blocks, dim]``."""
+    kv_heads, groups, rows, _ = probs.shape
     p = probs.reshape(kv_heads, groups * rows, -1, BLOCK).transpose(1, 2)
     v = values.view(kv_heads, -1, BLOCK, values.shape[-1])
     out = torch.matmul(p, v)  # [kv_heads, blocks, groups * rows, dim]

@@ -13,9 +13,9 @@ So each row's keys are laid out canonically, by position (the cache's, then its 
 fixed blocks of ``BLOCK`` positions, one GEMM per block, summed in position order in fp64. A tree of more than
 ``FEW_ROWS`` rows goes to SDPA (its gathered keys would cost more than they save).
 
-What it costs, measured (docs/models.md, "Precision on a CPU"): a step's attention over 4,000 keys takes 0.3 ms a
-layer against 3.9 through the flash kernel; a prompt's chunk takes about what the flash kernel takes at 1,500
-tokens and a fifth more at 4,000. tests/test_invariant.py checks the bits.
+What it costs, measured (docs/models.md, "Precision on a CPU"): a step's attention over 4,000 keys takes 0.5 ms a
+layer against 3.9 through the flash kernel; a bf16 prompt's prefill 0.84x to 0.92x of the flash kernel's time at
+500 to 4,000 tokens. tests/test_invariant.py checks the bits.
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ def invariant_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
 def causal_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
     """The rows are the keys' last, each seeing every key up to its own (a step, a prompt's chunk): ``PIECE`` rows
     at a time, each piece over the keys up to its last row. Why pieces: a 512-row chunk's scores at 4,000 keys
-    are tens of megabytes a tensor, fresh pages every layer; 64 rows' stay in cache, and the prompt's prefill
-    then takes 0.8x the flash kernel's time instead of 1.4x (docs/models.md)."""
+    are tens of megabytes a tensor, fresh pages every layer; 64 rows' stay in cache, and a bf16 prefill then took
+    0.9x the flash kernel's time instead of 1.4x (docs/models.md)."""
     rows, past = query.shape[2], key.shape[2] - query.shape[2]
     if rows <= PIECE:
         return causal_piece(query, key, value, scaling)

@@ -73,6 +73,19 @@ def test_a_causal_chunks_rows_are_one_row_steps(rows):
         assert torch.equal(alone, chunk[:, :, row : row + 1])
 
 
+def test_a_chunks_rows_do_not_depend_on_the_pieces_it_attends_in(monkeypatch):
+    """Past 4,096 keys a chunk attends in pieces of fewer rows (``PIECE_SPAN``): the same bits."""
+    from graft_cli.models import invariant
+
+    gen = torch.Generator().manual_seed(7)
+    rows, keys = 100, 300
+    query, key, value = (torch.randn(1, h, n, 32, generator=gen).bfloat16()
+                         for h, n in ((4, rows), (2, keys), (2, keys)))
+    whole = invariant_rows(query, key, value, layout(None, rows, None, keys - rows), 0.25)
+    monkeypatch.setattr(invariant, "PIECE_SPAN", 8 * keys)  # pieces of 8 rows
+    assert torch.equal(invariant_rows(query, key, value, layout(None, rows, None, keys - rows), 0.25), whole)
+
+
 def test_it_serves_a_cpus_low_precision_steps_prompts_and_few_rowed_trees():
     assert layout_for(torch.zeros(1, 3, 4), None, None, 10) is None  # fp32: SDPA, whose kernels are fast there
     assert layout_for(torch.zeros(1, 500, 4, dtype=torch.bfloat16), None, None, 0).shared == 0  # a prompt's chunk

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 BLOCK = 64  # positions per values GEMM
 FEW_ROWS = 64  # a tree's rows up to which a forward takes this path
 PIECE = 64  # a prompt chunk's rows that attend at once (measured: see causal_rows)
+PIECE_SPAN = 64 * 4096  # at most rows x keys a piece's scores span (at 30,000 keys: 1.5x the flash kernel, not 2.5x)
 LOOP_FROM = 2048  # elements a block from which :func:`in_order` adds block by block (measured)
 
 
@@ -92,16 +93,18 @@ def invariant_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
 
 def causal_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
     """The rows are the keys' last, each seeing every key up to its own (a step, a prompt's chunk): ``PIECE`` rows
-    at a time, each piece over the keys up to its last row. Why pieces: a 512-row chunk's scores at 4,000 keys
-    are tens of megabytes a tensor, fresh pages every layer; 64 rows' stay in cache, and a bf16 prefill then took
-    0.9x the flash kernel's time instead of 1.4x (docs/models.md)."""
+    at a time, fewer past 4,096 keys (rows times keys within ``PIECE_SPAN``), each piece over the keys up to its
+    last row. Why pieces: a 512-row chunk's scores at 4,000 keys are tens of megabytes a tensor, fresh pages every
+    layer; 64 rows' stay in cache, and a bf16 prefill then took 0.9x the flash kernel's time instead of 1.4x
+    (docs/models.md). A row's bits do not depend on its piece's size."""
     rows, past = query.shape[2], key.shape[2] - query.shape[2]
-    if rows <= PIECE:
+    piece = max(8, min(PIECE, PIECE_SPAN // key.shape[2] // 8 * 8))
+    if rows <= piece:
         return causal_piece(query, key, value, scaling)
     pieces = []
-    for start in range(0, rows, PIECE):
-        end = past + min(rows, start + PIECE)
-        pieces.append(causal_piece(query[:, :, start : start + PIECE], key[:, :, :end], value[:, :, :end], scaling))
+    for start in range(0, rows, piece):
+        end = past + min(rows, start + piece)
+        pieces.append(causal_piece(query[:, :, start : start + piece], key[:, :, :end], value[:, :, :end], scaling))
     return torch.cat(pieces, dim=2)
 
 

@@ -4,9 +4,10 @@ graft_cli/runtime/cpu_linear.py) and weight-only int8, then plain decoding and g
 prompt through graft's own forward, with whether graft's tokens are plain decoding's in the same dtype (or where
 they part at a floating-point tie, and its margin), then a bf16 prompt's prefill through the row-invariant
 attention graft runs (graft_cli/models/invariant.py) against torch's flash kernel, with whether each gives the
-same rows when the prompt is split elsewhere (as a prefix-cache hit splits it).
+same rows when the prompt is split elsewhere (as a prefix-cache hit splits it), and one layer's attention of a
+512-token chunk after long contexts (the heads of SmolLM2 and of the 1.5B Qwen) through both.
 
-    python -m benchmarks.cpu_precision [--threads 1] [-n 32] [--parts products,decoding,prefill]
+    python -m benchmarks.cpu_precision [--threads 1] [-n 32] [--parts products,decoding,prefill,attention]
 
 The CPU's matrix units are printed first (graft_cli/core/cpu_units.py): bf16 pays only with AMX or AVX512-BF16.
 Over a dataset: ``graft bench --dtype bfloat16`` lists every tie with its margin.
@@ -141,11 +142,29 @@ def prefill(lengths: tuple[int, ...] = (500, 1500, 4000)) -> None:
               f"{torch.equal(whole, split)} / {torch.equal(flash_whole, flash_split)}", flush=True)
 
 
+def attention(pasts: tuple[int, ...] = (4000, 8000, 16000, 30000)) -> None:
+    """One layer's bf16 attention of a 512-row chunk after ``pasts`` cached keys: the row-invariant path graft runs
+    against torch's flash kernel, for SmolLM2's heads (9 over 3, 64 wide) and the 1.5B Qwen's (12 over 2, 128)."""
+    from graft_cli.models.attention import attend
+    from graft_cli.models.invariant import causal_rows
+
+    print(f"{'heads':>10} {'past keys':>9} {'invariant ms':>13} {'flash ms':>9} {'ratio':>6}")
+    for heads, kv_heads, dim in ((9, 3, 64), (12, 2, 128)):
+        for past in pasts:
+            query = torch.randn(1, heads, 512, dim).bfloat16()
+            key, value = (torch.randn(1, kv_heads, past + 512, dim).bfloat16() for _ in range(2))
+            ours = seconds(lambda: causal_rows(query, key, value, dim**-0.5), repeats=3, budget=3.0)
+            flash = seconds(lambda: attend(query, key, value, None, past, dim**-0.5), repeats=3, budget=3.0)
+            print(f"{heads:>4}/{kv_heads}x{dim:<3} {past:>9} {ours * 1e3:>13.0f} {flash * 1e3:>9.0f} "
+                  f"{ours / flash:>5.2f}x", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("-n", type=int, default=32, help="tokens decoded per run")
-    parser.add_argument("--parts", default="products,decoding,prefill", help="any of products, decoding, prefill")
+    parser.add_argument("--parts", default="products,decoding,prefill,attention",
+                        help="any of products, decoding, prefill, attention")
     args = parser.parse_args()
     use_threads(args.threads)
     print(f"{cpu_units().summary()}; torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}), "
@@ -158,6 +177,9 @@ def main() -> None:
     if "prefill" in args.parts:
         with torch.inference_mode():
             prefill()
+    if "attention" in args.parts:
+        with torch.inference_mode():
+            attention()
 
 
 if __name__ == "__main__":

@@ -258,8 +258,19 @@ class NgramIndex:
         n = self.n
         if len(context) < n or budget <= 0:
             return Lookup()
-        ctx = [int(t) for t in context[-n:]]
-        # level 1: the exact context (similarity 1) and its nearest neighbours
+        hits, exact = self._hits([int(t) for t in context[-n:]], neighbours, min_sim)
+        if not hits:
+            return Lookup()
+        first, neigh = self._first_tokens(hits)
+        # deeper levels continue from the best hit's context: the exact one, else the nearest neighbour's
+        best_si, best_row = max(hits, key=lambda key: hits[key])
+        nodes = self._grow(first, [int(t) for t in self.shards[best_si].ctx[best_row]], depth, budget)
+        total = int(sum(self.shards[si].total[row] for si, row in hits))
+        return Lookup(match_len=n if exact else 0, occurrences=total, counted=total, nodes=nodes, neighbours=neigh)
+
+    def _hits(self, ctx: list[int], neighbours: int, min_sim: float) -> tuple[dict[tuple[int, int], float], bool]:
+        """Level 1: the exact context (similarity 1) and its nearest neighbours, as ``{(shard, row): similarity}``;
+        and whether the exact context was found."""
         hits: dict[tuple[int, int], float] = {}
         exact = False
         for si, shard in enumerate(self.shards):
@@ -275,8 +286,11 @@ class NgramIndex:
                 for s, i in zip(sims[0].tolist(), ids[0].tolist()):
                     if i >= 0 and s >= min_sim and (si, i) not in hits:
                         hits[(si, i)] = min(float(s), 1.0)
-        if not hits:
-            return Lookup()
+        return hits, exact
+
+    def _first_tokens(self, hits: dict[tuple[int, int], float]) -> tuple[list[tuple[float, int, int]], list]:
+        """The hits' continuations as first tokens ``(score, token, count)``: counts weighted by the hit's
+        similarity, scaled by the best similarity; and each hit's context with its similarity."""
         weighted: dict[int, float] = {}
         raw: dict[int, int] = {}
         denom = 0.0
@@ -290,17 +304,19 @@ class NgramIndex:
                 weighted[t] = weighted.get(t, 0.0) + sim * c
                 raw[t] = raw.get(t, 0) + c
         conf = max(hits.values())
-        # deeper levels continue from the best hit's context: the exact one, else the nearest neighbour's
-        best_si, best_row = max(hits, key=lambda key: hits[key])
-        base = [int(t) for t in self.shards[best_si].ctx[best_row]]
+        return [(conf * w / denom if denom > 0 else 0.0, t, raw[t]) for t, w in weighted.items()], neigh
+
+    def _grow(self, first: list[tuple[float, int, int]], base: list[int], depth: int,
+              budget: int) -> list[Continuation]:
+        """Best first from ``first``: pop the best pending node, emit it, push its children (the exact n-gram
+        continuations of ``base`` and its path), until ``budget`` nodes."""
+        n = self.n
         nodes: list[Continuation] = []
         heap: list[tuple[float, int, int, int, int, tuple[int, ...]]] = []
         serial = 0
-        for t, w in weighted.items():
-            score = conf * w / denom if denom > 0 else 0.0
-            heapq.heappush(heap, (-score, serial, t, -1, raw[t], ()))
+        for score, t, count in first:
+            heapq.heappush(heap, (-score, serial, t, -1, count, ()))
             serial += 1
-        # best-first: pop the best pending node, emit it, push its children (exact n-gram continuations)
         while heap and len(nodes) < budget:
             neg, _, tok, parent, count, path = heapq.heappop(heap)
             idx = len(nodes)
@@ -308,10 +324,8 @@ class NgramIndex:
             nodes.append(Continuation(tok, parent, len(path), int(count), -neg))
             if len(path) >= depth:
                 continue
-            nxt_ctx = (base + list(path))[-n:]
-            dist = self._exact_distribution(nxt_ctx)
+            dist = self._exact_distribution((base + list(path))[-n:])
             for t, (c, tot) in dist.items():
                 heapq.heappush(heap, (neg * c / tot, serial, t, idx, c, path))
                 serial += 1
-        total = int(sum(self.shards[si].total[row] for si, row in hits))
-        return Lookup(match_len=n if exact else 0, occurrences=total, counted=total, nodes=nodes, neighbours=neigh)
+        return nodes

@@ -112,30 +112,41 @@ def tokenize_stream(
     corpus is never read far ahead of the tokenizer. ``on_batch(tokens, chars)`` reports progress.
     """
     stats = stats if stats is not None else TokenizeStats()
+    encoded = (_encoded_here(docs, tokenizer_path, batch_chars, shard) if jobs <= 1
+               else _encoded_in_pool(docs, tokenizer_path, jobs, batch_chars, shard))
+    try:
+        for arr, ndocs, chars in encoded:
+            stats.documents += ndocs
+            stats.tokens += int(arr.size) - ndocs
+            stats.chars += chars
+            if on_batch is not None:
+                on_batch(int(arr.size) - ndocs, chars)
+            yield arr
+    finally:
+        encoded.close()  # a reader that stops early shuts the workers down now
 
-    def account(arr: np.ndarray, ndocs: int, chars: int) -> np.ndarray:
-        stats.documents += ndocs
-        stats.tokens += int(arr.size) - ndocs
-        stats.chars += chars
-        if on_batch is not None:
-            on_batch(int(arr.size) - ndocs, chars)
-        return arr
 
-    if jobs <= 1:
-        tok = load_tokenizer(tokenizer_path)
-        saved = os.environ.get("TOKENIZERS_PARALLELISM")
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        try:
-            for batch in batches(docs, batch_chars, shard):
-                arr, nd = encode_documents(tok, batch)
-                yield account(arr, nd, sum(map(len, batch)))
-        finally:
-            if saved is None:
-                os.environ.pop("TOKENIZERS_PARALLELISM", None)
-            else:
-                os.environ["TOKENIZERS_PARALLELISM"] = saved
-        return
+def _encoded_here(docs: Iterable[str], tokenizer_path: str | Path, batch_chars: int,
+                  shard: tuple[int, int]) -> Iterator[tuple[np.ndarray, int, int]]:
+    """Each batch encoded in this process: its array, its documents and its characters (the tokenizers library's
+    own threads off meanwhile, as they are in a worker)."""
+    tok = load_tokenizer(tokenizer_path)
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        for batch in batches(docs, batch_chars, shard):
+            arr, nd = encode_documents(tok, batch)
+            yield arr, nd, sum(map(len, batch))
+    finally:
+        if saved is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
 
+
+def _encoded_in_pool(docs: Iterable[str], tokenizer_path: str | Path, jobs: int, batch_chars: int,
+                     shard: tuple[int, int]) -> Iterator[tuple[np.ndarray, int, int]]:
+    """Each batch encoded in one of ``jobs`` spawned processes, in corpus order, at most ``2 * jobs`` in flight."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
@@ -150,12 +161,10 @@ def tokenize_stream(
             pending.append((pool.submit(_encode_in_worker, batch), sum(map(len, batch))))
             while len(pending) >= 2 * jobs:
                 fut, chars = pending.popleft()
-                arr, nd = fut.result()
-                yield account(arr, nd, chars)
+                yield (*fut.result(), chars)
         while pending:
             fut, chars = pending.popleft()
-            arr, nd = fut.result()
-            yield account(arr, nd, chars)
+            yield (*fut.result(), chars)
     except BrokenProcessPool as e:
         raise DatastoreError(
             "the tokenizer worker processes died (out of memory, or a __main__ that spawned processes cannot "

@@ -61,6 +61,7 @@ def test_a_closed_stdout_ends_a_jsonl_run_quietly(tiny_dir, tmp_path):
     (["--draft", "x", "--draft-weights", "int4"], "--draft-weights must be one of fp16, full, got 'int4'"),
 ])
 def test_method_and_datastore_are_checked_before_the_model_loads(argv, message, capsys, monkeypatch, tmp_path):
+    import graft_cli.api
     import graft_cli.runtime.loading
 
     monkeypatch.setenv("GRAFT_HOME", str(tmp_path))
@@ -68,7 +69,9 @@ def test_method_and_datastore_are_checked_before_the_model_loads(argv, message, 
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the flags were checked")
 
-    monkeypatch.setattr(graft_cli.runtime.loading, "load_model", no_loading)
+    # patched where `generate` calls it too: a module that imported it while patched here would keep the stand-in
+    for module in (graft_cli.runtime.loading, graft_cli.api):
+        monkeypatch.setattr(module, "load_model", no_loading)
     code, _, err = run_main(["generate", "-p", "hi", *argv], capsys)
     assert code == 2 and err.count("\n") == 1 and message in err
 

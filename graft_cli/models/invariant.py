@@ -11,7 +11,7 @@ a row the same bits whatever rows travel with it and whatever masked keys trail 
 So each row's keys are laid out canonically, by position (the cache's, then its ancestors' in depth order, then
 -inf up to a whole block), its scaled scores go through one softmax, and the probabilities meet the values in
 fixed blocks of ``BLOCK`` positions, one GEMM per block, summed in position order in fp64. A tree of more than
-``FEW_ROWS`` rows goes to SDPA (its gathered keys would cost more than they save).
+``FEW_ROWS`` rows goes to SDPA, and its tokens are then plain decoding's up to floating-point ties.
 
 What it costs, measured (docs/models.md, "Precision on a CPU"): a step's attention over 4,000 keys takes 0.5 ms a
 layer against 3.9 through the flash kernel; a bf16 prompt's prefill 0.84x to 0.92x of the flash kernel's time at

@@ -30,8 +30,9 @@ import torch
 
 from benchmarks import agent_tools
 from benchmarks.agent_tools import renders_tools
-from graft_cli.api import open_generator
+from graft_cli.api import Generator
 from graft_cli.method.config import configure, with_response_cache
+from graft_cli.runtime.loading import load_model
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "bench"
 POLICY = Path(__file__).with_name("agent_policy.md")
@@ -52,13 +53,15 @@ AGENT_QUESTIONS = [
 ]
 
 
-def generator(args: argparse.Namespace, method: str, prefix: bool, responses: bool = False):
-    """A Generator for ``method`` (graft with ``--draft`` when given), with or without the caches."""
+def generator(args: argparse.Namespace, method: str, prefix: bool, responses: bool = False) -> Generator:
+    """A Generator for ``method`` (graft with ``--draft`` when given), with or without the caches, over the one
+    model every run shares (``args.loaded``): the same weights packed alike. Four copies of the 1.5B Qwen do not
+    fit in 24 GB, and a copy loaded short of memory keeps its weights unpacked, whose kernels round otherwise."""
     draft = args.draft if method == "graft" else None
     config = configure(method, draft=draft)
     if responses:
         config = with_response_cache(config)
-    return open_generator(args.target, config, "cpu", args.dtype, prefix_cache=1024 if prefix else 0)
+    return Generator(args.loaded, config, prefix_cache=1024 if prefix else 0)
 
 
 def timed(g, messages: list[dict], tokens: int, **settings) -> dict:
@@ -167,8 +170,21 @@ def compared(runs: dict, generators: dict, done: dict[str, list[dict]]) -> dict:
                                                        / out["ar + prefix cache"]["tokens_per_s"], 2)
     # the same, over the requests that hit (the first one misses in both: a server's steady state leaves it out)
     out["graft + caches vs ar + prefix cache, hits"] = round(speed(graft[1:]) / max(speed(ar[1:]), 1e-9), 2)
-    ids = [[r["ids"] for r in runs_done] for runs_done in done.values()]
-    out["identical"] = all(v == ids[0] for v in ids)
+    ids = {label: [r["ids"] for r in runs_done] for label, runs_done in done.items()}
+    out["identical"] = all(v == ids["ar"] for v in ids.values())
+    out["parted"] = parted(ids)
+    return out
+
+
+def parted(ids: dict[str, list[list[int]]]) -> dict[str, dict]:
+    """Where each run's tokens first part from ``ar``'s: the request and the token (none: the same tokens)."""
+    out = {}
+    for label, requests in ids.items():
+        for number, (got, want) in enumerate(zip(requests, ids["ar"])):
+            if got != want:
+                token = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+                out[label] = {"request": number, "token": token}
+                break
     return out
 
 
@@ -198,6 +214,7 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    args.loaded = load_model(args.target, "cpu", args.dtype, forward="auto")
     result = {"chats": chats, "agents": agents, "agents-tools": agents_tools,
               "spec-bench": spec_bench}[args.workload](args)
     result = dict(workload=args.workload, target=args.target, draft=args.draft, dtype=args.dtype,

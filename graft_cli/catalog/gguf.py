@@ -1,5 +1,6 @@
 """GGUF files: a cheap structural check, the once-only dequantisation into a float32 Hugging Face dir (checked
-by reloading it and comparing logits), and the remembered sha256 of a local .gguf."""
+by reloading it and comparing logits) with its 4-bit weights kept beside it (graft_cli/catalog/q4.py), and the
+remembered sha256 of a local .gguf."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any, Iterator
 from datastores.atomic import write_text_atomic
 from datastores.integrity import file_sha256
 from graft_cli.catalog.home import ensure_dir, graft_home
+from graft_cli.catalog.q4 import write_q4
 from graft_cli.core import GraftError
 
 # ChatML, the template both catalog families use; only applied when a GGUF carries no template of its own.
@@ -77,13 +79,25 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> dict:
         out_dir.mkdir(parents=True, exist_ok=True)
         fresh.save_pretrained(out_dir)
         tok.save_pretrained(out_dir)
+        four_bit = _write_q4(gguf_path, out_dir, fresh)
         del model, fresh
         gc.collect()
         facts = _check_reload(out_dir, gguf_path.name, probe, ref)
     order = ("architecture", "model_type", "parameters", "vocab_size", "dtype", "chat_template",
-             "verified_logits_max_abs_diff", "gguf_load_seconds", "transformers_version", "torch_version")
-    facts |= {"parameters": int(params), "chat_template": chat_source, "gguf_load_seconds": round(load_s, 2)}
+             "verified_logits_max_abs_diff", "gguf_load_seconds", "q4_weights", "transformers_version",
+             "torch_version")
+    facts |= {"parameters": int(params), "chat_template": chat_source, "gguf_load_seconds": round(load_s, 2),
+              "q4_weights": four_bit}
     return {key: facts[key] for key in order}  # the manifest's order, as it always was
+
+
+def _write_q4(gguf_path: Path, out_dir: Path, model: Any) -> int:
+    """The GGUF's 4-bit linear weights kept beside the conversion (graft_cli/catalog/q4.py); how many."""
+    weights = {name: tensor.detach().numpy() for name, tensor in model.state_dict().items()}
+    try:
+        return write_q4(gguf_path, out_dir, model.config, weights)
+    except Exception as e:  # noqa: BLE001 - a block layout this reader does not know is a damaged file to graft
+        raise GraftError(f"cannot convert {gguf_path.name}: {str(e).splitlines()[0] if str(e) else e}") from e
 
 
 @contextlib.contextmanager

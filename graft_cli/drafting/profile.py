@@ -28,6 +28,7 @@ from graft_cli.core import defaults_for, Needs, Proposer, ROOT, Step, Tree
 from graft_cli.drafting.budget import LatencyModel
 from graft_cli.runtime.limits import limits
 from graft_cli.runtime.loading import Loaded
+from graft_cli.models.four_bit import precision
 from graft_cli.runtime.target import Target
 
 CONTEXT = 320  # tokens in the KV cache while measuring
@@ -115,7 +116,7 @@ def profile(loaded: Loaded, refresh: bool = False, quiet: bool = False) -> dict:
     """The latency profile of ``loaded`` on its device: read from the cache, else measured and cached
     (``refresh`` or ``GRAFT_REPROFILE=1`` measures again)."""
     device = loaded.device
-    dtype = str(next(loaded.model.parameters()).dtype).replace("torch.", "")
+    dtype = precision(loaded.model)
     label = device_label(device)
     path = profile_path(model_checksum(loaded.path), label, dtype)
     if not refresh and os.environ.get("GRAFT_REPROFILE") != "1":

@@ -10,6 +10,7 @@ from graft_cli.core import discovery
 from graft_cli.catalog import graft_home
 from graft_cli.core import defaults_for, Drafter, DrafterEnv, GraftError, Proposer, Recorder, Retriever, RetrieverEnv
 from graft_cli.drafting import AutoBudget, CostAwareProposer, GraftProposer, LatencyModel, Objective, latency_model
+from graft_cli.models.four_bit import precision
 from graft_cli.method.config import (
     MethodConfig, check, drafting_for, parse_draft, retrievers_for, sized_per_step, tree_budget, tree_mode,
 )
@@ -78,10 +79,11 @@ def build(config: MethodConfig, loaded: Loaded, target: Target | None = None,
 
 def _latency(config: MethodConfig, loaded: Loaded) -> LatencyModel:
     """What a verification costs, as the method chooses its trees by: measured on this model and device (once,
-    then cached) for ``--budget auto`` and graft's cost-aware tree, unless another device's curve is asked for;
-    else the device's default curve."""
+    then cached) for ``--budget auto``, graft's cost-aware tree (unless another device's curve is asked for) and
+    a model in 4 bits, whose kernel prices rows far above the device's default curve (a 9-row forward 2x a
+    one-row one, graft_cli/models/four_bit.py); else the device's default curve."""
     default = LatencyModel.default(config.curve or loaded.device)
-    if config.budget == "auto":
+    if config.budget == "auto" or precision(loaded.model) == "q4":
         return latency_model(loaded)
     if config.draft and tree_mode(config) == "cost" and not config.curve:
         try:

@@ -11,6 +11,7 @@ import torch
 
 from graft_cli.models.decoder import FUSED, CausalLM
 from graft_cli.models.families import family
+from graft_cli.models.four_bit import attach, four_bit_weights
 from graft_cli.models.weights import read_weights
 
 FORWARDS = ("auto", "own", "transformers")  # --forward; auto: own where it serves the model and has proven faster
@@ -21,16 +22,23 @@ def servable(config: Any, device: str, device_map: object) -> bool:
     return device == "cpu" and device_map is None and family(config) is not None
 
 
-def own_model(config: Any, directory: Path, dtype: torch.dtype, generation: Any = None) -> CausalLM:
+def own_model(config: Any, directory: Path, dtype: torch.dtype, generation: Any = None,
+              four_bit: bool = False) -> CausalLM:
     """``config``'s model over the checkpoint in ``directory`` (memory-mapped; converted only where ``dtype``
-    differs from the file's), ready for inference. ``generation``: its generation config (its stop tokens)."""
+    differs from the file's), ready for inference. ``generation``: its generation config (its stop tokens).
+    ``four_bit``: the linears the directory keeps in 4 bits run over them (graft_cli/models/four_bit.py)."""
     served = family(config)
     if served is None:
         raise ValueError(f"graft's own forward does not serve {getattr(config, 'model_type', None)} models")
     with torch.device("meta"):
         model = CausalLM(config, served)
+    weights = read_weights(directory)
+    if four_bit:
+        kept = four_bit_weights(directory)
+        if kept is None or not attach(model, weights, kept):
+            raise ValueError(f"{directory} keeps no 4-bit weights")
     weights = stacked({name: tensor.to(dtype) if tensor.is_floating_point() else tensor
-                       for name, tensor in read_weights(directory).items()}, len(model.model.layers))
+                       for name, tensor in weights.items()}, len(model.model.layers))
     if "lm_head.weight" not in weights and getattr(config, "tie_word_embeddings", False):
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
     missing = model.load_state_dict(weights, strict=False, assign=True).missing_keys

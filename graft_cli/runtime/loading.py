@@ -27,6 +27,7 @@ from graft_cli.catalog.resolve import resolve_model
 from graft_cli.core import GraftError
 from graft_cli.core.cpu_units import cpu_units
 from graft_cli.models import FORWARDS, own_model, servable
+from graft_cli.models.four_bit import four_bit_weights
 from graft_cli.models.config import plain_config, plain_generation
 from graft_cli.models.decoder import FUSED
 from graft_cli.models.tokenizer import light_tokenizer
@@ -36,7 +37,7 @@ from graft_cli.runtime.limits import Limits, limits
 from graft_cli.runtime.target import input_device
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
-DTYPES = ("auto", "float32", "bfloat16", "float16", "mixed")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "mixed", "q4")
 OWN_BY_DEFAULT = True  # --forward auto: graft's own forward where it serves the model, measured faster (docs/models.md)
 
 
@@ -76,10 +77,12 @@ def pick_dtype(dtype: str, device: str) -> torch.dtype:
         if os.environ["GRAFT_DTYPE"] not in DTYPES:
             raise GraftError(f"GRAFT_DTYPE: unknown dtype '{os.environ['GRAFT_DTYPE']}' (use {', '.join(DTYPES)})")
         return pick_dtype(os.environ["GRAFT_DTYPE"], device)
-    if dtype == "mixed" and device != "cpu":
-        raise GraftError("--dtype mixed is a CPU mode (a prompt's forward in bf16); on a GPU use bfloat16")
+    if dtype in ("mixed", "q4") and device != "cpu":
+        raise GraftError(f"--dtype {dtype} is a CPU mode (docs/models.md); on a GPU use bfloat16")
     if dtype == "mixed":
         return torch.float32
+    if dtype == "q4":  # the 4-bit kernel multiplies bf16 inputs (graft_cli/models/four_bit.py)
+        return torch.bfloat16
     if dtype == "auto":
         if device == "cpu":
             return torch.bfloat16 if cpu_units().bf16 else torch.float32
@@ -116,6 +119,7 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map:
     the same bits as the run it continues). ``forward``: whose modules run it (:func:`own_forward`); transformers'
     unless asked, since callers such as ``graft bench``'s peers call transformers' methods (``generate``) on it."""
     device = pick_device(device)
+    dtype = (os.environ.get("GRAFT_DTYPE") or "auto") if dtype == "auto" else dtype  # a mode, not just a dtype
     torch_dtype = pick_dtype(dtype, device)
     if device == "cpu" and (torch_dtype == torch.bfloat16 or dtype == "mixed") and not cpu_units().bf16:
         print(f"graft: note: this CPU has no bf16 matrix unit (AMX or AVX512-BF16: {cpu_units().summary()}); "
@@ -123,8 +127,13 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map:
     device_map = parse_device_map(device_map)
     path = Path(resolve_model(spec))
     check_forward(forward)
-    plain = plain_config(path) if forward != "transformers" else None
-    if plain is not None and own_forward(forward, plain, device, device_map):
+    plain = plain_config(path) if forward != "transformers" or dtype == "q4" else None
+    if dtype == "q4":  # graft's own forward whatever ``forward`` says: no other runs the 4-bit kernel
+        if plain is None or not servable(plain, device, device_map):
+            raise GraftError("--dtype q4 runs on graft's own forward: Llama and Qwen2 models, whole on a CPU "
+                             "(docs/models.md)")
+        model, tokenizer, own = _own(path, plain, torch_dtype, four_bit=True), _tokenizer(path, light=True), True
+    elif plain is not None and own_forward(forward, plain, device, device_map):
         model, tokenizer, own = _own(path, plain, torch_dtype), _tokenizer(path, light=True), True
     else:
         model, own = _transformers(path, forward, device, device_map, torch_dtype)
@@ -142,11 +151,15 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map:
     return Loaded(model, tokenizer, path, spec)
 
 
-def _own(path: Path, config: Any, dtype: torch.dtype) -> Any:
-    """graft's own forward over a plainly read config, without transformers (graft_cli/models/config.py)."""
+def _own(path: Path, config: Any, dtype: torch.dtype, four_bit: bool = False) -> Any:
+    """graft's own forward over a plainly read config, without transformers (graft_cli/models/config.py);
+    ``four_bit``: over the 4-bit weights the directory keeps (graft_cli/models/four_bit.py)."""
     limits(config)
+    if four_bit and four_bit_weights(path) is None:
+        raise GraftError(f"{path.name} keeps no 4-bit weights: --dtype q4 needs a model converted from a GGUF whose "
+                         "linears are Q4_0, Q4_1 or Q4_K, by this graft or later (graft models pull NAME --force)")
     try:
-        return own_model(config, path, dtype, plain_generation(path))
+        return own_model(config, path, dtype, plain_generation(path), four_bit)
     except Exception as e:  # corrupt or missing weights
         raise GraftError(f"cannot load model from {path}: {_first_line(e)}") from e
 

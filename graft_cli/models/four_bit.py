@@ -1,0 +1,101 @@
+"""Linears over a GGUF's 4-bit weights as stored (``--dtype q4``): a model that keeps its 4-bit values and their
+per-32 block scales in memory instead of float32 or bf16 copies.
+
+The product is torch's own CPU kernel for 4-bit weights with per-group scales and zeros
+(``_weight_int4pack_mm_for_cpu``, weight = (value - 8) * scale + zero, groups of 32 columns), the one maintained
+CPU kernel that multiplies GGUF blocks as they are stored. It is fast only for bf16 inputs (its fp32 and fp16
+paths are scalar: 30x slower), so a q4 model runs in bf16, and the scale and zero it reads are the GGUF's rounded
+to bf16 (the values themselves are the GGUF's, untouched). A row's result does not depend on the rows beside it
+(tests/test_four_bit.py), so a tree's rows get the bits plain decoding's single row gets, as in bf16.
+
+Linears whose weights the GGUF stores otherwise (Q8_0, Q5_0, Q6_K), the embeddings and the norms are read from the
+float32 conversion in bf16, as ``--dtype bfloat16`` reads them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from graft_cli.catalog.q4 import FILE, GROUP
+from graft_cli.models.decoder import FUSED
+from graft_cli.models.weights import mapped
+
+_PARTS = (".q4", ".scale", ".offset")
+
+
+class FourBitLinear(nn.Module):
+    """``x @ W.T + bias`` for a bf16 ``x [..., in_features]``, ``W`` held as packed 4-bit values ``packed`` (the
+    kernel's layout) and ``scales_zeros [in/32, out, 2]`` (bf16)."""
+
+    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.in_features = scales_zeros.shape[0] * GROUP
+        self.out_features = scales_zeros.shape[1]
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_zeros", scales_zeros)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def four_bit_weights(directory: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None:
+    """A model directory's 4-bit linear weights (graft_cli/catalog/q4.py) by weight name, ``(values, scale,
+    offset)`` memory-mapped; None where the directory has none."""
+    path = Path(directory) / FILE
+    if not path.is_file():
+        return None
+    tensors = mapped(path)
+    names = sorted({key[: -len(".q4")] for key in tensors if key.endswith(".q4")})
+    return {name: tuple(tensors[name + part] for part in _PARTS) for name in names}
+
+
+def four_bit_linear(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                    bias: torch.Tensor | None) -> FourBitLinear:
+    """One linear from one or more weights' 4-bit parts, their output rows stacked (a fused projection)."""
+    packed, scale, offset = (torch.cat([part[i] for part in parts]) for i in range(3))
+    values = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(packed.shape[0], -1).to(torch.int32)
+    zero = offset + 8 * scale  # the kernel's form: (value - 8) * scale + zero
+    scales_zeros = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
+    kernel_layout = torch.ops.aten._convert_weight_to_int4pack_for_cpu(values, 2)
+    return FourBitLinear(kernel_layout, scales_zeros, None if bias is None else bias.to(torch.bfloat16))
+
+
+def precision(model: nn.Module) -> str:
+    """What a model's forward computes in, as profiles and reports name it: ``q4`` where its linears are 4-bit,
+    else its parameters' dtype (``float32``, ``bfloat16``, ...)."""
+    if any(isinstance(module, FourBitLinear) for module in model.modules()):
+        return "q4"
+    return str(next(model.parameters()).dtype).replace("torch.", "")
+
+
+def attach(model: nn.Module, weights: dict[str, torch.Tensor],
+           four_bit: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> int:
+    """Put a :class:`FourBitLinear` in place of every linear of ``model`` (graft's own forward, on the meta
+    device) whose weights are all 4-bit in ``four_bit``, a fused projection's parts stacked; their plain weights
+    and biases leave ``weights`` and the new modules' tensors enter it. Returns how many linears were replaced."""
+    replaced = 0
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, nn.Linear):
+            continue
+        fused = next((f for f in FUSED if name.endswith(f)), None)
+        sources = [name[: -len(fused)] + part for part in FUSED[fused]] if fused else [name]
+        if not all(f"{source}.weight" in four_bit for source in sources):
+            continue
+        biases = [weights.pop(f"{source}.bias", None) for source in sources]
+        for source in sources:
+            weights.pop(f"{source}.weight", None)
+        linear = four_bit_linear([four_bit[f"{source}.weight"] for source in sources],
+                                 None if biases[0] is None else torch.cat(biases))
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent), leaf, linear)
+        weights.update({f"{name}.{key}": value for key, value in linear.state_dict().items()})
+        replaced += 1
+    return replaced

@@ -1,0 +1,121 @@
+"""``--dtype q4``: a GGUF's 4-bit weights kept as stored. Their blocks read bit for bit as gguf reads them, a tiny
+4-bit Llama GGUF converted with them kept and run through torch's 4-bit kernel, rows that do not depend on the
+rows beside them, plain decoding and graft giving the same tokens, and the refusals in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from graft_cli.catalog import q4, resolve
+from graft_cli.catalog.home import read_manifest
+from graft_cli.core import GraftError
+from graft_cli.models.four_bit import FourBitLinear, four_bit_linear, precision
+from graft_cli.runtime.loading import load_model
+from tests.catalog_fixtures import home, kind_of, random_q4_k, tiny_gguf  # noqa: F401 - home: the fixture
+
+
+@pytest.mark.parametrize("kind", q4.TYPES)
+def test_blocks_read_as_gguf_dequantises_them(kind):
+    import gguf
+
+    rng = np.random.default_rng(1)
+    rows, columns = 6, 512
+    if kind == "Q4_K":
+        blocks = random_q4_k(rng, (rows, columns))
+    else:
+        blocks = gguf.quants.quantize(rng.standard_normal((rows, columns)).astype(np.float32), kind_of(kind))
+    values, scale, offset = q4.unpack(kind, blocks, columns)
+    assert values.dtype == np.uint8 and values.max() <= 15 and scale.shape == (rows, columns // q4.GROUP)
+    expected = gguf.quants.dequantize(blocks, kind_of(kind))
+    assert np.array_equal(q4.dequantised(values, scale, offset), expected)
+
+
+def test_names_of_linear_weights():
+    assert q4.hf_name("blk.11.ffn_down.weight") == "model.layers.11.mlp.down_proj.weight"
+    assert q4.hf_name("output.weight") == "lm_head.weight"
+    assert q4.hf_name("token_embd.weight") is None and q4.hf_name("blk.0.attn_norm.weight") is None
+
+
+@pytest.fixture
+def four_bit_model(home, tmp_path):
+    """A tiny Llama GGUF whose linears are Q4_0, Q4_1 and Q4_K, converted (its output projection is Q8_0)."""
+    path = tmp_path / "tiny-q4.gguf"
+    tiny_gguf(path, quantized=True)
+    return resolve.resolve_model(str(path))
+
+
+def test_conversion_keeps_the_four_bit_weights(four_bit_model):
+    assert read_manifest(four_bit_model)["q4_weights"] == 7  # the output projection is Q8_0: not kept
+    loaded = load_model(str(four_bit_model), "cpu", "q4")
+    layer = loaded.model.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj, FourBitLinear)  # Q4_0 and Q4_1 parts, stacked
+    assert isinstance(layer.mlp.down_proj, FourBitLinear)  # Q4_K
+    assert not isinstance(loaded.model.lm_head, FourBitLinear)
+    assert precision(loaded.model) == "q4"
+    reference = load_model(str(four_bit_model), "cpu", "bfloat16", forward="own")
+    ids = torch.tensor([[5, 9, 33, 120, 7, 250]])
+    with torch.no_grad():
+        got, want = loaded.model(ids).logits.float(), reference.model(ids).logits.float()
+    assert (got - want).abs().max() < 0.05 * want.abs().max()  # the same weights, its scales rounded to bf16
+
+
+def test_rows_do_not_depend_on_the_rows_beside_them():
+    rng = np.random.default_rng(2)
+    out, columns = 96, 320
+    parts = (torch.from_numpy(rng.integers(0, 256, (out, columns // 2), dtype=np.uint8)),
+             torch.from_numpy(rng.uniform(1e-3, 1e-2, (out, columns // 32)).astype(np.float32)),
+             torch.from_numpy(rng.uniform(-0.05, 0.0, (out, columns // 32)).astype(np.float32)))
+    linear = four_bit_linear([parts], torch.randn(out))
+    x = torch.randn(300, columns).to(torch.bfloat16)
+    whole = linear(x)
+    for rows in (1, 2, 5, 17, 64, 65, 128, 299):
+        assert torch.equal(linear(x[:rows]), whole[:rows]), rows
+    assert torch.equal(linear(x[7:8]), whole[7:8])
+
+
+def test_plain_decoding_and_graft_give_the_same_tokens(four_bit_model):
+    import graft_cli
+
+    prompt = "the the he t the"
+    texts = [graft_cli.load(str(four_bit_model), method=method, dtype="q4", threads=1)
+             .generate(prompt, max_new_tokens=24).token_ids for method in ("ar", "graft")]
+    assert texts[0] == texts[1] and len(texts[0]) > 0
+
+
+def test_refusals_are_one_line(four_bit_model, tmp_path):
+    import graft_cli
+
+    plain = tmp_path / "plain.gguf"
+    tiny_gguf(plain)  # float32: nothing to keep
+    refusals = ((lambda: load_model(str(plain), "cpu", "q4"), "keeps no 4-bit weights"),
+                (lambda: graft_cli.load(str(four_bit_model), dtype="q4", forward="transformers"), "own forward"),
+                (lambda: load_model(str(four_bit_model), "cuda", "q4"), "no CUDA device" if not torch.cuda.is_available()
+                 else "a CPU mode"))
+    for call, words in refusals:
+        with pytest.raises(GraftError) as err:
+            call()
+        assert words in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.real_model
+def test_the_default_model_in_four_bits_is_lossless():
+    """The catalog's SmolLM2 GGUF is Q4_1: every linear kept in 4 bits; greedy and seeded, graft (with a draft
+    model too) gives plain decoding's tokens over the same 4-bit weights."""
+    from graft_cli.api import Generator
+    from graft_cli.catalog import install
+    from graft_cli.method.config import configure
+
+    name = "smollm2-135m-instruct"
+    if not (resolve.resolve_model(name) / q4.FILE).is_file():
+        install.pull(name, force=True)  # pulled by a graft that did not keep 4-bit weights yet
+    loaded = load_model(name, "cpu", "q4")
+    assert sum(isinstance(m, FourBitLinear) for m in loaded.model.modules()) == 4 * 30  # qkv, o, gate-up, down
+    prompts = ["Write a Python function that checks whether a string is a palindrome.",
+               "Name three rivers of Europe and the seas they flow into."]
+    for sampling in (dict(max_new_tokens=40), dict(max_new_tokens=24, temperature=0.8, seed=3)):
+        runs = {method: [Generator(loaded, config).generate(p, **sampling).token_ids for p in prompts]
+                for method, config in (("ar", configure("ar")), ("graft", configure("graft")),
+                                       ("graft-draft", configure("graft", draft=name, depth=3)))}
+        assert runs["ar"] == runs["graft"] == runs["graft-draft"], sampling

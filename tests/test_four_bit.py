@@ -76,12 +76,20 @@ def test_rows_do_not_depend_on_the_rows_beside_them():
 
 
 def test_plain_decoding_and_graft_give_the_same_tokens(four_bit_model):
+    """Cold, and from a prefix-cache hit (a prompt that begins as the one before did): a hit's rows are the bits a
+    cold prompt's are, as in bf16."""
     import graft_cli
 
-    prompt = "the the he t the"
-    texts = [graft_cli.load(str(four_bit_model), method=method, dtype="q4", threads=1)
-             .generate(prompt, max_new_tokens=24).token_ids for method in ("ar", "graft")]
-    assert texts[0] == texts[1] and len(texts[0]) > 0
+    first, second = "the the he t the he he t", "the the he t the he he t t the"
+    runs = {}
+    for method in ("ar", "graft"):
+        for cache in (0, 16):
+            generator = graft_cli.load(str(four_bit_model), method=method, dtype="q4", threads=1, prefix_cache=cache)
+            generator.generate(first, max_new_tokens=24)
+            completion = generator.generate(second, max_new_tokens=24)
+            runs[(method, cache)] = completion.token_ids
+            assert (completion.stats.cached_tokens > 0) == (cache > 0)
+    assert len(set(map(tuple, runs.values()))) == 1 and runs[("ar", 0)]
 
 
 def test_refusals_are_one_line(four_bit_model, tmp_path):

@@ -47,7 +47,11 @@ def four_bit_model(home, tmp_path):
 
 
 def test_conversion_keeps_the_four_bit_weights(four_bit_model):
-    assert read_manifest(four_bit_model)["q4_weights"] == 7  # the output projection is Q8_0: not kept
+    manifest = read_manifest(four_bit_model)
+    assert manifest["q4_weights"] == 7  # the output projection is Q8_0: not kept
+    assert q4.FILE in manifest["weights"]  # checksummed as the checkpoint is
+    # vLLM (and other loaders) read every *.safetensors of a model directory as the model's own weights
+    assert [p.name for p in four_bit_model.glob("*.safetensors")] == ["model.safetensors"]
     loaded = load_model(str(four_bit_model), "cpu", "q4")
     layer = loaded.model.model.layers[0]
     assert isinstance(layer.self_attn.qkv_proj, FourBitLinear)  # Q4_0 and Q4_1 parts, stacked

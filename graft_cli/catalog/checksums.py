@@ -11,13 +11,16 @@ from pathlib import Path
 from datastores.integrity import file_sha256, remember, sha256_matches, sha256_of
 from graft_cli.catalog.home import eprint, read_manifest, write_manifest
 from graft_cli.catalog.hub import blob_sha256, is_hub_snapshot
+from graft_cli.catalog.q4 import FILE
 from graft_cli.core import GraftError
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def weight_files(path: Path) -> list[Path]:
-    return sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin"))
+    """A model dir's weight files: its checkpoint's, and the 4-bit weights kept beside it (graft_cli/catalog/q4.py)."""
+    return sorted(p for p in path.iterdir()
+                  if p.is_file() and (p.suffix in (".safetensors", ".bin") or p.name == FILE))
 
 
 def record_weights(path: Path) -> dict:

@@ -1,7 +1,8 @@
 """A GGUF's 4-bit weights kept as they are stored, beside the float32 conversion, for ``--dtype q4``.
 
 Written once, when a GGUF is converted: every linear weight of a Llama or Qwen2 GGUF stored as Q4_0, Q4_1 or Q4_K
-goes into ``q4.safetensors`` under its Hugging Face name, as three tensors:
+goes into ``q4.graft`` (safetensors' format, but not its suffix: vLLM and other loaders read every
+``*.safetensors`` of a model directory as the model's weights) under its Hugging Face name, as three tensors:
 
 - ``NAME.q4``: uint8 ``[out, in/2]``, two 4-bit values a byte (column ``2j`` in the low nibble, ``2j+1`` in the
   high one), each 0-15;
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-FILE = "q4.safetensors"
+FILE = "q4.graft"
 GROUP = 32  # columns sharing one scale and offset
 TYPES = ("Q4_0", "Q4_1", "Q4_K")
 LINEARS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -112,7 +113,7 @@ def four_bit_tensors(reader: Any, config: Any) -> dict[str, tuple[np.ndarray, np
 
 
 def write_q4(gguf_path: Path, out_dir: Path, config: Any, weights: dict[str, Any]) -> int:
-    """Write ``q4.safetensors`` into ``out_dir`` from the GGUF's 4-bit linear weights, each checked bit for bit
+    """Write ``q4.graft`` into ``out_dir`` from the GGUF's 4-bit linear weights, each checked bit for bit
     against ``weights`` (the float32 conversion's tensors by name); returns how many were written (0: no file)."""
     import gguf  # lazy: only a conversion reads a GGUF's blocks
     from safetensors.numpy import save_file  # lazy: as above

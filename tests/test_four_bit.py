@@ -50,6 +50,7 @@ def test_conversion_keeps_the_four_bit_weights(four_bit_model):
     manifest = read_manifest(four_bit_model)
     assert manifest["q4_weights"] == 7  # the output projection is Q8_0: not kept
     assert q4.FILE in manifest["weights"]  # checksummed as the checkpoint is
+    assert next(r for r in resolve.list_models() if r["path"] == str(four_bit_model))["q4_weights"] == 7
     # vLLM (and other loaders) read every *.safetensors of a model directory as the model's own weights
     assert [p.name for p in four_bit_model.glob("*.safetensors")] == ["model.safetensors"]
     loaded = load_model(str(four_bit_model), "cpu", "q4")

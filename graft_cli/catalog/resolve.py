@@ -78,7 +78,8 @@ def resolve_model(spec: str, *, pull_if_missing: bool = True, force: bool = Fals
 
 
 def list_models() -> list[dict]:
-    """One row per catalog model (pulled or not) and per other converted dir under models/."""
+    """One row per catalog model (pulled or not) and per other converted dir under models/; ``q4_weights``: the
+    linear weights ``--dtype q4`` runs in 4 bits (None: pulled before graft kept them, or not pulled)."""
     rows = []
     for name, e in CATALOG.items():
         d = models_dir() / name
@@ -91,6 +92,7 @@ def list_models() -> list[dict]:
                 "gguf_bytes": e.gguf_bytes,
                 "download_bytes": e.download_bytes,
                 "dir_bytes": manifest.get("dir_bytes") if manifest else None,
+                "q4_weights": manifest.get("q4_weights") if manifest else None,
                 "path": str(d) if manifest else None,
                 "description": e.description,
             }
@@ -107,6 +109,7 @@ def list_models() -> list[dict]:
                 "gguf_bytes": m.get("gguf_bytes"),
                 "download_bytes": None,
                 "dir_bytes": m.get("dir_bytes"),
+                "q4_weights": m.get("q4_weights"),
                 "path": str(d),
                 "description": m.get("description", ""),
             }

@@ -26,9 +26,9 @@ from graft_cli.catalog.checksums import model_checksum
 from graft_cli.catalog.home import graft_home
 from graft_cli.core import defaults_for, Needs, Proposer, ROOT, Step, Tree
 from graft_cli.drafting.budget import LatencyModel
+from graft_cli.models.four_bit import precision
 from graft_cli.runtime.limits import limits
 from graft_cli.runtime.loading import Loaded
-from graft_cli.models.four_bit import precision
 from graft_cli.runtime.target import Target
 
 CONTEXT = 320  # tokens in the KV cache while measuring

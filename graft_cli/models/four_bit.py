@@ -4,7 +4,7 @@ per-32 block scales in memory instead of float32 or bf16 copies.
 The product is torch's own CPU kernel for 4-bit weights with per-group scales and zeros
 (``_weight_int4pack_mm_for_cpu``, weight = (value - 8) * scale + zero, groups of 32 columns), the one maintained
 CPU kernel that multiplies GGUF blocks as they are stored. It is fast only for bf16 inputs (its fp32 and fp16
-paths are scalar: 30x slower), so a q4 model runs in bf16, and the scale and zero it reads are the GGUF's rounded
+paths are scalar: 25-35x slower), so a q4 model runs in bf16, and the scale and zero it reads are the GGUF's rounded
 to bf16 (the values themselves are the GGUF's, untouched). A row's result does not depend on the rows beside it
 (tests/test_four_bit.py), so a tree's rows get the bits plain decoding's single row gets, as in bf16.
 

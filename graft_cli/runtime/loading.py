@@ -23,11 +23,11 @@ from typing import Any, Iterator
 
 import torch
 
+from graft_cli.catalog.q4 import FILE as FOUR_BIT_FILE
 from graft_cli.catalog.resolve import resolve_model
 from graft_cli.core import GraftError
 from graft_cli.core.cpu_units import cpu_units
 from graft_cli.models import FORWARDS, own_model, servable
-from graft_cli.models.four_bit import four_bit_weights
 from graft_cli.models.config import plain_config, plain_generation
 from graft_cli.models.decoder import FUSED
 from graft_cli.models.tokenizer import light_tokenizer
@@ -155,7 +155,7 @@ def _own(path: Path, config: Any, dtype: torch.dtype, four_bit: bool = False) ->
     """graft's own forward over a plainly read config, without transformers (graft_cli/models/config.py);
     ``four_bit``: over the 4-bit weights the directory keeps (graft_cli/models/four_bit.py)."""
     limits(config)
-    if four_bit and four_bit_weights(path) is None:
+    if four_bit and not (path / FOUR_BIT_FILE).is_file():  # said here, where the fix can be named
         raise GraftError(f"{path.name} keeps no 4-bit weights: --dtype q4 needs a model converted from a GGUF whose "
                          "linears are Q4_0, Q4_1 or Q4_K, by this graft or later (graft models pull NAME --force)")
     try:

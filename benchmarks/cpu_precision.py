@@ -1,7 +1,7 @@
 """What low precision buys on this CPU: a linear layer of the default model's shapes (and the 1.5B Qwen's largest)
 at 1, 16, 64 and 512 rows through the kernels graft runs it on (oneDNN's packed fp32 and, where the CPU has bf16
 units, packed bf16; graft_cli/runtime/cpu_linear.py), 4-bit weights with per-32 scales (``--dtype q4``,
-graft_cli/models/four_bit.py) and weight-only int8, then plain decoding and graft in fp32 and bf16 on one prompt
+graft_cli/models/four_bit.py), 8-bit ones (Q8_0) as that kernel keeps them, and weight-only int8, then plain decoding and graft in fp32 and bf16 on one prompt
 through graft's own forward, with whether graft's tokens are plain decoding's in the same dtype (or where they
 part at a floating-point tie, and its margin), then a bf16 prompt's prefill through the row-invariant attention
 graft runs (graft_cli/models/invariant.py) against torch's flash kernel, with whether each gives the same rows
@@ -55,15 +55,17 @@ def seconds(fn, repeats: int = 20, budget: float = 1.0) -> float:
     return best
 
 
-def four_bit(out: int, inp: int) -> torch.nn.Module:
-    """A linear over random 4-bit values and block scales, as ``--dtype q4`` runs a GGUF's (bf16 inputs)."""
-    parts = (torch.randint(0, 256, (out, inp // 2), dtype=torch.uint8), torch.rand(out, inp // 32) / 100,
-             -torch.rand(out, inp // 32) / 20)
-    return four_bit_linear([parts], None)
+def four_bit(out: int, inp: int, planes: int = 1) -> torch.nn.Module:
+    """A linear over random 4-bit values and block scales, as ``--dtype q4`` runs a GGUF's (bf16 inputs);
+    ``planes`` 2: an 8-bit weight (Q8_0) as it keeps one."""
+    columns = planes * inp
+    parts = (torch.randint(0, 256, (out, columns // 2), dtype=torch.uint8), torch.rand(out, columns // 32) / 100,
+             -torch.rand(out, columns // 32) / 20)
+    return four_bit_linear([parts], None, inp)
 
 
 def products() -> None:
-    print(f"{'layer':<20} {'rows':>5} {'fp32 ms':>8} {'bf16/fp32':>10} {'q4/fp32':>8} {'int8w/fp32':>11}")
+    print(f"{'layer':<20} {'rows':>5} {'fp32 ms':>8} {'bf16/fp32':>10} {'q4/fp32':>8} {'q8/fp32':>8} {'int8w/fp32':>11}")
     for name, (out, inp) in SHAPES.items():
         layer, half = torch.nn.Linear(inp, out, bias=False), torch.nn.Linear(inp, out, bias=False).bfloat16()
         use_cpu_linears(layer, pack=True)
@@ -71,15 +73,15 @@ def products() -> None:
         w = layer.weight.detach()
         scales = w.abs().amax(1) / 127
         wq = (w / scales[:, None]).round().to(torch.int8)
-        q4 = four_bit(out, inp)
+        q4, q8 = four_bit(out, inp), four_bit(out, inp, planes=2)
         for rows in ROWS:
             x = torch.randn(rows, inp)
             xb = x.bfloat16()
             fp32 = seconds(lambda: layer(x))
             bf16 = seconds(lambda: half(xb))
-            four = seconds(lambda: q4(xb))
+            four, eight = seconds(lambda: q4(xb)), seconds(lambda: q8(xb))
             int8 = seconds(lambda: torch._weight_int8pack_mm(x, wq, scales))
-            print(f"{name:<20} {rows:>5} {fp32 * 1e3:>8.3f} {bf16 / fp32:>9.2f}x {four / fp32:>7.2f}x "
+            print(f"{name:<20} {rows:>5} {fp32 * 1e3:>8.3f} {bf16 / fp32:>9.2f}x {four / fp32:>7.2f}x {eight / fp32:>7.2f}x "
                   f"{int8 / fp32:>10.2f}x", flush=True)
 
 

@@ -5,9 +5,9 @@ questions as the same tokens, greedy, the same number of new tokens, on one thre
 
 Rows: llama.cpp's plain decoding (``llama-completion``) and its prompt lookup (``llama-lookup``) on the model's
 F32, BF16 and Q8_0 GGUF and on the catalog's own Q4_1 GGUF (kept by ``graft models pull NAME --keep-gguf``),
-graft's ``ar`` and ``graft`` in fp32, in bf16 and with the catalog GGUF's 4-bit weights (``--dtype q4``; graft
-has no kernel for Q8_0's blocks, so its Q8_0 row is reported missing); then ``llama-bench``'s synthetic prefill (pp) and decoding (tg)
-rates. The question loop is interleaved (every engine runs question 1, then every engine question 2, ...) so that
+graft's ``ar`` and ``graft`` in fp32, in bf16 and over the Q8_0 and Q4_1 GGUFs' own blocks (``--dtype q4``: the
+Q8_0 file, converted by graft once, keeps its 8-bit values as two 4-bit planes); then ``llama-bench``'s
+synthetic prefill (pp) and decoding (tg) rates. The question loop is interleaved (every engine runs question 1, then every engine question 2, ...) so that
 drift on a shared machine hits every engine alike. Before anything is timed the rendered prompt's tokens are
 checked to be the same in both engines (llama.cpp's ``--verbose-prompt`` against graft's tokenizer); each text is
 then compared with graft ``ar``'s. llama.cpp is built on first use (benchmarks/llama_cpp_build.py). Writes
@@ -37,7 +37,7 @@ from graft_cli.core.threads import available_cores, sleep_while_waiting
 CATEGORIES = ("coding", "writing", "translation", "qa", "math_reasoning", "extraction", "summarization", "rag",
               "reasoning", "stem", "roleplay", "humanities", "math")
 WEIGHTS = ("F32", "BF16", "Q8_0", "Q4_1")
-GRAFT_DTYPES = {"F32": "float32", "BF16": "bfloat16", "Q4_1": "q4"}  # the weights graft runs at, its --dtype
+GRAFT_DTYPES = {"F32": "float32", "BF16": "bfloat16", "Q8_0": "q4", "Q4_1": "q4"}  # graft's --dtype at each
 CONTEXT = 4096  # llama.cpp's context: the longest prompt chosen plus its answer fit
 
 
@@ -179,8 +179,7 @@ def thread_rows(runner: LlamaRunner, models: dict[str, object], chosen: list[Pro
               flush=True)
     for g in generators.values():
         g.close()
-    missing = Row("graft", "Q8_0", threads, missing="no maintained CPU kernel multiplies Q8_0's blocks as stored")
-    return [*llama_rows.values(), *graft_rows.values(), missing], texts
+    return [*llama_rows.values(), *graft_rows.values()], texts
 
 
 def llama_bench(llama: LlamaCpp, files: dict[str, Path], threads: list[int], n: int, env: dict) -> list[dict]:
@@ -231,7 +230,9 @@ def compare(args: argparse.Namespace, env: dict[str, str]) -> str:
     files = gguf_files(llama, models_dir() / args.model, args.model)
     if args.prepare:
         return f"llama.cpp {llama.version} in {llama.bin}; {', '.join(str(f) for f in files.values())}"
-    models = {w: load_model(args.model, "cpu", dtype, forward="auto") for w, dtype in GRAFT_DTYPES.items()}
+    sources = {"Q8_0": str(files["Q8_0"])}  # graft converts it once; the Q4_1 rows run the catalog model's own
+    models = {w: load_model(sources.get(w, args.model), "cpu", dtype, forward="auto")
+              for w, dtype in GRAFT_DTYPES.items()}
     loaded = models["F32"]
     chosen = prompts(loaded.tokenizer, args.dataset, args.questions)
     head = header(llama, args, threads)

@@ -47,7 +47,6 @@ class Row:
     threads: int
     timings: list[Timing] = field(default_factory=list)
     same_text: int = 0  # questions whose text is graft ar's in the same thread count
-    missing: str = ""  # why this row has no figures
 
     @property
     def decode_tok_s(self) -> float:
@@ -62,7 +61,7 @@ class Row:
     def as_dict(self) -> dict:
         return {"engine": self.engine, "weights": self.weights, "threads": self.threads,
                 "decode_tok_s": round(self.decode_tok_s, 2), "prefill_tok_s": round(self.prefill_tok_s, 1),
-                "same_text": self.same_text, "questions": len(self.timings), "missing": self.missing or None,
+                "same_text": self.same_text, "questions": len(self.timings),
                 "timings": [vars(t) for t in self.timings]}
 
 
@@ -140,9 +139,6 @@ def table(rows: list[Row], bench: list[dict], questions: int) -> str:
     lines = ["| engine | weights | threads | decode tok/s | vs llama.cpp same weights | vs llama.cpp Q8_0 "
              "| prefill tok/s | same text as graft ar |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        if r.missing:
-            lines.append(f"| {r.engine} | {r.weights} | {r.threads} | missing: {r.missing} | | | | |")
-            continue
         base = plain.get((r.weights, r.threads))
         q8 = plain.get(("Q8_0", r.threads))
         ratio = f"{r.decode_tok_s / base:.2f}x" if base else "-"

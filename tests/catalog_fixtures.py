@@ -30,8 +30,8 @@ def _byte_chars() -> list[str]:
 
 def tiny_gguf(path: Path, *, chat_template: bool = True, quantized: bool = False) -> None:
     """A real (random, float32) one-layer Llama GGUF with a byte-level BPE tokenizer: a few KB, loads in transformers.
-    ``quantized``: wider (GGUF blocks span 32 and 256 columns), its linears stored as Q4_0, Q4_1 and Q4_K (random
-    blocks: gguf's Python cannot quantize Q4_K) and its output as Q8_0."""
+    ``quantized``: wider (GGUF blocks span 32 and 256 columns), its linears stored as Q4_0, Q4_1, Q4_K (random
+    blocks: gguf's Python cannot quantize Q4_K), Q5_0 and Q8_0, and its output (261 rows) as Q5_1."""
     import gguf
     import numpy as np
 
@@ -101,9 +101,9 @@ def add_tensors(writer, tensors: dict, rng, quantized: bool) -> None:
             writer.add_tensor(name, blocks, raw_dtype=kind_of(kind))
 
 
-# the tiny quantized GGUF's tensor types: the fused projections mix Q4_0 and Q4_1, the output stays 8-bit
-QUANTIZED = {"attn_q": "Q4_0", "attn_k": "Q4_1", "attn_v": "Q4_0", "attn_output": "Q4_1", "ffn_gate": "Q4_1",
-             "ffn_up": "Q4_0", "ffn_down": "Q4_K", "output": "Q8_0"}
+# the tiny quantized GGUF's tensor types: the fused QKV mixes Q4_0 and Q4_1, the fused gate-up 4 and 5 bits
+QUANTIZED = {"attn_q": "Q4_0", "attn_k": "Q4_1", "attn_v": "Q4_0", "attn_output": "Q8_0", "ffn_gate": "Q4_1",
+             "ffn_up": "Q5_0", "ffn_down": "Q4_K", "output": "Q5_1"}
 
 
 def kind_of(name: str):

@@ -1,6 +1,7 @@
-"""``--dtype q4``: a GGUF's 4-bit weights kept as stored. Their blocks read bit for bit as gguf reads them, a tiny
-4-bit Llama GGUF converted with them kept and run through torch's 4-bit kernel, rows that do not depend on the
-rows beside them, plain decoding and graft giving the same tokens, and the refusals in one line."""
+"""``--dtype q4``: a GGUF's 4-, 5- and 8-bit weights kept as stored. Their blocks read bit for bit as gguf reads
+them, a tiny quantized Llama GGUF converted with them kept and run through torch's 4-bit kernel (5 and 8 bits as
+two planes), rows that do not depend on the rows beside them, plain decoding and graft giving the same tokens, and
+the refusals in one line."""
 
 from __future__ import annotations
 
@@ -27,9 +28,37 @@ def test_blocks_read_as_gguf_dequantises_them(kind):
     else:
         blocks = gguf.quants.quantize(rng.standard_normal((rows, columns)).astype(np.float32), kind_of(kind))
     values, scale, offset = q4.unpack(kind, blocks, columns)
-    assert values.dtype == np.uint8 and values.max() <= 15 and scale.shape == (rows, columns // q4.GROUP)
+    assert values.dtype == np.uint8 and scale.shape == (rows, columns // q4.GROUP)
+    assert values.max() == {"Q5_0": 31, "Q5_1": 31, "Q8_0": 255}.get(kind, 15)
     expected = gguf.quants.dequantize(blocks, kind_of(kind))
     assert np.array_equal(q4.dequantised(values, scale, offset), expected)
+    if kind in q4.WIDE:  # two 4-bit planes that add up to the same weights
+        high_low = q4.dequantised(*q4.planes(values, scale, offset))
+        assert np.array_equal(high_low[:, :columns] + high_low[:, columns:], expected)
+
+
+@pytest.mark.parametrize("kind", q4.TYPES)
+def test_the_kernel_multiplies_each_type_as_bf16_would(kind):
+    """Through the kernel (5 and 8 bits as two planes), a product within the rounding of its bf16 output of the
+    float32 product with the GGUF's own weights: the zero points the planes share stay exact."""
+    import gguf
+
+    rng = np.random.default_rng(3)
+    rows, columns = 64, 512
+    if kind == "Q4_K":
+        blocks = random_q4_k(rng, (rows, columns))
+    else:
+        blocks = gguf.quants.quantize(rng.standard_normal((rows, columns)).astype(np.float32) / 20, kind_of(kind))
+    values, scale, offset = q4.unpack(kind, blocks, columns)
+    weight = torch.from_numpy(q4.dequantised(values, scale, offset))
+    if kind in q4.WIDE:
+        values, scale, offset = q4.planes(values, scale, offset)
+    packed = np.ascontiguousarray(values[:, 0::2] | (values[:, 1::2] << 4))
+    linear = four_bit_linear([tuple(map(torch.from_numpy, (packed, scale, offset)))], None, columns)
+    assert linear.planes == (2 if kind in q4.WIDE else 1)
+    x = torch.randn(8, columns).to(torch.bfloat16)
+    want = x.float() @ weight.t()
+    assert (linear(x).float() - want).abs().max() < 2 ** -7 * want.abs().max()
 
 
 def test_names_of_linear_weights():
@@ -40,7 +69,8 @@ def test_names_of_linear_weights():
 
 @pytest.fixture
 def four_bit_model(home, tmp_path):
-    """A tiny Llama GGUF whose linears are Q4_0, Q4_1 and Q4_K, converted (its output projection is Q8_0)."""
+    """A tiny Llama GGUF whose linears are Q4_0, Q4_1, Q4_K, Q5_0 and Q8_0, its output projection Q5_1 (but of
+    261 rows, which the kernel cannot lay out), converted."""
     path = tmp_path / "tiny-q4.gguf"
     tiny_gguf(path, quantized=True)
     return resolve.resolve_model(str(path))
@@ -48,15 +78,16 @@ def four_bit_model(home, tmp_path):
 
 def test_conversion_keeps_the_four_bit_weights(four_bit_model):
     manifest = read_manifest(four_bit_model)
-    assert manifest["q4_weights"] == 7  # the output projection is Q8_0: not kept
+    assert manifest["q4_weights"] == 7  # every linear but the output projection
     assert q4.FILE in manifest["weights"]  # checksummed as the checkpoint is
     assert next(r for r in resolve.list_models() if r["path"] == str(four_bit_model))["q4_weights"] == 7
     # vLLM (and other loaders) read every *.safetensors of a model directory as the model's own weights
     assert [p.name for p in four_bit_model.glob("*.safetensors")] == ["model.safetensors"]
     loaded = load_model(str(four_bit_model), "cpu", "q4")
     layer = loaded.model.model.layers[0]
-    assert isinstance(layer.self_attn.qkv_proj, FourBitLinear)  # Q4_0 and Q4_1 parts, stacked
-    assert isinstance(layer.mlp.down_proj, FourBitLinear)  # Q4_K
+    assert layer.self_attn.qkv_proj.planes == 1  # Q4_0 and Q4_1 parts, stacked
+    assert layer.mlp.gate_up_proj.planes == 2  # Q4_1 widened to stack with Q5_0
+    assert layer.self_attn.o_proj.planes == 2 and layer.mlp.down_proj.planes == 1  # Q8_0, Q4_K
     assert not isinstance(loaded.model.lm_head, FourBitLinear)
     assert precision(loaded.model) == "q4"
     reference = load_model(str(four_bit_model), "cpu", "bfloat16", forward="own")
@@ -66,13 +97,14 @@ def test_conversion_keeps_the_four_bit_weights(four_bit_model):
     assert (got - want).abs().max() < 0.05 * want.abs().max()  # the same weights, its scales rounded to bf16
 
 
-def test_rows_do_not_depend_on_the_rows_beside_them():
+@pytest.mark.parametrize("planes", (1, 2))
+def test_rows_do_not_depend_on_the_rows_beside_them(planes):
     rng = np.random.default_rng(2)
     out, columns = 96, 320
-    parts = (torch.from_numpy(rng.integers(0, 256, (out, columns // 2), dtype=np.uint8)),
-             torch.from_numpy(rng.uniform(1e-3, 1e-2, (out, columns // 32)).astype(np.float32)),
-             torch.from_numpy(rng.uniform(-0.05, 0.0, (out, columns // 32)).astype(np.float32)))
-    linear = four_bit_linear([parts], torch.randn(out))
+    parts = (torch.from_numpy(rng.integers(0, 256, (out, planes * columns // 2), dtype=np.uint8)),
+             torch.from_numpy(rng.uniform(1e-3, 1e-2, (out, planes * columns // 32)).astype(np.float32)),
+             torch.from_numpy(rng.uniform(-0.05, 0.0, (out, planes * columns // 32)).astype(np.float32)))
+    linear = four_bit_linear([parts], torch.randn(out), columns)
     x = torch.randn(300, columns).to(torch.bfloat16)
     whole = linear(x)
     for rows in (1, 2, 5, 17, 64, 65, 128, 299):
@@ -102,7 +134,7 @@ def test_refusals_are_one_line(four_bit_model, tmp_path):
 
     plain = tmp_path / "plain.gguf"
     tiny_gguf(plain)  # float32: nothing to keep
-    refusals = ((lambda: load_model(str(plain), "cpu", "q4"), "keeps no 4-bit weights"),
+    refusals = ((lambda: load_model(str(plain), "cpu", "q4"), "keeps no quantized weights"),
                 (lambda: graft_cli.load(str(four_bit_model), dtype="q4", forward="transformers"), "own forward"),
                 (lambda: load_model(str(four_bit_model), "cuda", "q4"), "no CUDA device" if not torch.cuda.is_available()
                  else "a CPU mode"))

@@ -1,5 +1,5 @@
 """GGUF files: a cheap structural check, the once-only dequantisation into a float32 Hugging Face dir (checked
-by reloading it and comparing logits) with its 4-bit weights kept beside it (graft_cli/catalog/q4.py), and the
+by reloading it and comparing logits) with its quantized weights kept beside it (graft_cli/catalog/q4.py), and the
 remembered sha256 of a local .gguf."""
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> dict:
 
 
 def _write_q4(gguf_path: Path, out_dir: Path, model: Any) -> int:
-    """The GGUF's 4-bit linear weights kept beside the conversion (graft_cli/catalog/q4.py); how many."""
+    """The GGUF's quantized linear weights kept beside the conversion (graft_cli/catalog/q4.py); how many."""
     weights = {name: tensor.detach().numpy() for name, tensor in model.state_dict().items()}
     try:
         return write_q4(gguf_path, out_dir, model.config, weights)

@@ -79,7 +79,7 @@ def resolve_model(spec: str, *, pull_if_missing: bool = True, force: bool = Fals
 
 def list_models() -> list[dict]:
     """One row per catalog model (pulled or not) and per other converted dir under models/; ``q4_weights``: the
-    linear weights ``--dtype q4`` runs in 4 bits (None: pulled before graft kept them, or not pulled)."""
+    linear weights ``--dtype q4`` runs as the GGUF stores them (None: pulled before graft kept them, or not pulled)."""
     rows = []
     for name, e in CATALOG.items():
         d = models_dir() / name

@@ -34,7 +34,7 @@ def list_(
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("", "NAME", "GGUF", "ON DISK", "PULLED", "4-BIT", "DESCRIPTION"):
+    for col in ("", "NAME", "GGUF", "ON DISK", "PULLED", "QUANTIZED", "DESCRIPTION"):
         table.add_column(col, no_wrap=col != "DESCRIPTION")
     for r in rows:
         table.add_row(
@@ -43,7 +43,7 @@ def list_(
             _mb(r["gguf_bytes"]),
             _mb(r["dir_bytes"]),
             "yes" if r["pulled"] else "no",
-            "-" if r["q4_weights"] is None else str(r["q4_weights"]),  # linears --dtype q4 keeps in 4 bits
+            "-" if r["q4_weights"] is None else str(r["q4_weights"]),  # linears --dtype q4 runs as stored
             r["description"],
         )
     console = Console()

@@ -41,8 +41,8 @@ Dtype = Annotated[str, typer.Option(
     "--dtype", rich_help_panel=DEVICE,
     help="auto (GRAFT_DTYPE if set; on a CPU bfloat16 where it has AMX or AVX512-BF16, else float32; on CUDA "
          "bfloat16 where the card has it, else float16), float32, bfloat16, float16, mixed (CPU: a prompt's "
-         "forward in bfloat16, every step in float32), or q4 (CPU: the GGUF's 4-bit weights kept as stored, "
-         "bfloat16 arithmetic; docs/models.md).")]
+         "forward in bfloat16, every step in float32), or q4 (CPU: the GGUF's 4-, 5- and 8-bit weights kept as "
+         "stored, on torch's 4-bit kernel, bfloat16 arithmetic; docs/quantized.md).")]
 Forward = Annotated[str, typer.Option(
     "--forward", rich_help_panel=DEVICE,
     help="Whose modules run the model: own (graft's, for Llama and Qwen2 on a CPU), transformers, or auto (own "

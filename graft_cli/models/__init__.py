@@ -26,7 +26,7 @@ def own_model(config: Any, directory: Path, dtype: torch.dtype, generation: Any 
               four_bit: bool = False) -> CausalLM:
     """``config``'s model over the checkpoint in ``directory`` (memory-mapped; converted only where ``dtype``
     differs from the file's), ready for inference. ``generation``: its generation config (its stop tokens).
-    ``four_bit``: the linears the directory keeps in 4 bits run over them (graft_cli/models/four_bit.py)."""
+    ``four_bit``: the linears the directory keeps quantized run over them (graft_cli/models/four_bit.py)."""
     served = family(config)
     if served is None:
         raise ValueError(f"graft's own forward does not serve {getattr(config, 'model_type', None)} models")
@@ -36,7 +36,7 @@ def own_model(config: Any, directory: Path, dtype: torch.dtype, generation: Any 
     if four_bit:
         kept = four_bit_weights(directory)
         if kept is None or not attach(model, weights, kept):
-            raise ValueError(f"{directory} keeps no 4-bit weights")
+            raise ValueError(f"{directory} keeps no quantized weights")
     weights = stacked({name: tensor.to(dtype) if tensor.is_floating_point() else tensor
                        for name, tensor in weights.items()}, len(model.model.layers))
     if "lm_head.weight" not in weights and getattr(config, "tie_word_embeddings", False):

@@ -1,5 +1,5 @@
-"""Linears over a GGUF's 4-bit weights as stored (``--dtype q4``): a model that keeps its 4-bit values and their
-per-32 block scales in memory instead of float32 or bf16 copies.
+"""Linears over a GGUF's quantized weights as stored (``--dtype q4``): a model that keeps its 4-, 5- and 8-bit
+values and their per-32 block scales in memory instead of float32 or bf16 copies.
 
 The product is torch's own CPU kernel for 4-bit weights with per-group scales and zeros
 (``_weight_int4pack_mm_for_cpu``, weight = (value - 8) * scale + zero, groups of 32 columns), the one maintained
@@ -8,8 +8,10 @@ paths are scalar: 25-35x slower), so a q4 model runs in bf16, and the scale and 
 to bf16 (the values themselves are the GGUF's, untouched). A row's result does not depend on the rows beside it
 (tests/test_four_bit.py), so a tree's rows get the bits plain decoding's single row gets, as in bf16.
 
-Linears whose weights the GGUF stores otherwise (Q8_0, Q5_0, Q6_K), the embeddings and the norms are read from the
-float32 conversion in bf16, as ``--dtype bfloat16`` reads them.
+A 5- or 8-bit weight (Q5_0, Q5_1, Q8_0) is stored as two 4-bit planes (graft_cli/catalog/q4.py): the kernel runs
+once over twice the columns, the input repeated, so the two halves add up inside its float32 sum. Linears whose
+weights the GGUF stores otherwise (Q6_K, float), the embeddings and the norms are read from the float32 conversion
+in bf16, as ``--dtype bfloat16`` reads them.
 """
 
 from __future__ import annotations
@@ -28,11 +30,14 @@ _PARTS = (".q4", ".scale", ".offset")
 
 class FourBitLinear(nn.Module):
     """``x @ W.T + bias`` for a bf16 ``x [..., in_features]``, ``W`` held as packed 4-bit values ``packed`` (the
-    kernel's layout) and ``scales_zeros [in/32, out, 2]`` (bf16)."""
+    kernel's layout) and ``scales_zeros [planes * in/32, out, 2]`` (bf16): ``planes`` 2 for 5- and 8-bit weights,
+    whose input the kernel reads twice."""
 
-    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None,
+                 planes: int = 1) -> None:
         super().__init__()
-        self.in_features = scales_zeros.shape[0] * GROUP
+        self.planes = planes
+        self.in_features = scales_zeros.shape[0] * GROUP // planes
         self.out_features = scales_zeros.shape[1]
         self.register_buffer("packed", packed)
         self.register_buffer("scales_zeros", scales_zeros)
@@ -40,6 +45,8 @@ class FourBitLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
+        if self.planes == 2:
+            flat = torch.cat([flat, flat], dim=-1)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
         if self.bias is not None:
             y = y + self.bias
@@ -57,15 +64,28 @@ def four_bit_weights(directory: Path) -> dict[str, tuple[torch.Tensor, torch.Ten
     return {name: tuple(tensors[name + part] for part in _PARTS) for name in names}
 
 
-def four_bit_linear(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                    bias: torch.Tensor | None) -> FourBitLinear:
-    """One linear from one or more weights' 4-bit parts, their output rows stacked (a fused projection)."""
+def _widened(part: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """A one-plane weight as two planes, the second all zero (scale and offset 0: it adds exactly nothing), to be
+    stacked with a wider weight's rows in a fused projection."""
+    return tuple(torch.cat([tensor, torch.zeros_like(tensor)], dim=1) for tensor in part)
+
+
+def four_bit_linear(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], bias: torch.Tensor | None,
+                    in_features: int) -> FourBitLinear:
+    """One linear of ``in_features`` columns from one or more weights' parts (one or two planes each), their
+    output rows stacked (a fused projection)."""
+    planes = [part[0].shape[1] * 2 // in_features for part in parts]
+    if not set(planes) <= {1, 2} or any(part[0].shape[1] * 2 != n * in_features for part, n in zip(parts, planes)):
+        raise ValueError(f"4-bit weights of {[part[0].shape[1] * 2 for part in parts]} columns for {in_features}")
+    if len(set(planes)) > 1:
+        parts = [_widened(part) if n == 1 else part for part, n in zip(parts, planes)]
     packed, scale, offset = (torch.cat([part[i] for part in parts]) for i in range(3))
     values = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(packed.shape[0], -1).to(torch.int32)
     zero = offset + 8 * scale  # the kernel's form: (value - 8) * scale + zero
     scales_zeros = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
     kernel_layout = torch.ops.aten._convert_weight_to_int4pack_for_cpu(values, 2)
-    return FourBitLinear(kernel_layout, scales_zeros, None if bias is None else bias.to(torch.bfloat16))
+    return FourBitLinear(kernel_layout, scales_zeros, None if bias is None else bias.to(torch.bfloat16),
+                         max(planes))
 
 
 def precision(model: nn.Module) -> str:
@@ -93,7 +113,7 @@ def attach(model: nn.Module, weights: dict[str, torch.Tensor],
         for source in sources:
             weights.pop(f"{source}.weight", None)
         linear = four_bit_linear([four_bit[f"{source}.weight"] for source in sources],
-                                 None if biases[0] is None else torch.cat(biases))
+                                 None if biases[0] is None else torch.cat(biases), module.in_features)
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent), leaf, linear)
         weights.update({f"{name}.{key}": value for key, value in linear.state_dict().items()})

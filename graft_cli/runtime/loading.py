@@ -153,11 +153,12 @@ def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map:
 
 def _own(path: Path, config: Any, dtype: torch.dtype, four_bit: bool = False) -> Any:
     """graft's own forward over a plainly read config, without transformers (graft_cli/models/config.py);
-    ``four_bit``: over the 4-bit weights the directory keeps (graft_cli/models/four_bit.py)."""
+    ``four_bit``: over the quantized weights the directory keeps (graft_cli/models/four_bit.py)."""
     limits(config)
     if four_bit and not (path / FOUR_BIT_FILE).is_file():  # said here, where the fix can be named
-        raise GraftError(f"{path.name} keeps no 4-bit weights: --dtype q4 needs a model converted from a GGUF whose "
-                         "linears are Q4_0, Q4_1 or Q4_K, by this graft or later (graft models pull NAME --force)")
+        raise GraftError(f"{path.name} keeps no quantized weights: --dtype q4 needs a model converted from a GGUF "
+                         "whose linears are Q4_0, Q4_1, Q4_K, Q5_0, Q5_1 or Q8_0, by this graft or later "
+                         "(graft models pull NAME --force)")
     try:
         return own_model(config, path, dtype, plain_generation(path), four_bit)
     except Exception as e:  # corrupt or missing weights

@@ -164,3 +164,25 @@ def test_the_default_model_in_four_bits_is_lossless():
                 for method, config in (("ar", configure("ar")), ("graft", configure("graft")),
                                        ("graft-draft", configure("graft", draft=name, depth=3)))}
         assert runs["ar"] == runs["graft"] == runs["graft-draft"], sampling
+
+
+@pytest.mark.real_model
+def test_the_draft_qwen_keeps_its_five_and_eight_bit_weights_losslessly():
+    """The catalog's Qwen2.5-Coder-0.5B GGUF is Q4_K_M, but llama.cpp stored most of its linears as Q5_0 and Q8_0
+    (its 896 columns do not fill Q4_K's blocks): kept as two planes, greedy and seeded graft gives plain decoding's
+    tokens over them."""
+    from graft_cli.api import Generator
+    from graft_cli.catalog import install
+    from graft_cli.method.config import configure
+
+    name = "qwen2.5-coder-0.5b-instruct"
+    if (read_manifest(resolve.resolve_model(name)) or {}).get("q4_weights") != 157:
+        install.pull(name, force=True)  # pulled by a graft that kept only its 4-bit weights
+    loaded = load_model(name, "cpu", "q4")
+    planes = [m.planes for m in loaded.model.modules() if isinstance(m, FourBitLinear)]
+    assert planes.count(2) > planes.count(1) > 0
+    prompt = "Write a Python function that returns the n-th Fibonacci number."
+    for sampling in (dict(max_new_tokens=32), dict(max_new_tokens=16, temperature=0.8, seed=5)):
+        ar, graft = (Generator(loaded, configure(method)).generate(prompt, **sampling).token_ids
+                     for method in ("ar", "graft"))
+        assert ar and ar == graft, sampling

@@ -53,48 +53,38 @@ def bench(
     """Benchmark every method side by side: speedup and tau per category, lossless check, Spec-Bench answer files."""
     from graft_cli.bench.command import run_bench
     from graft_cli.bench.options import BenchOptions
-    from graft_cli.method.config import parse_budget, retriever_settings
+    from graft_cli.method.config import retriever_settings
     from graft_cli.runtime.limits import parse_truncate
     from graft_cli.runtime.loading import parse_device_map
 
-    if budget is not None and budgets is not None:
-        raise GraftError("give either --budget or --budgets, not both")
-    budget_list = [parse_budget(b) for b in _split(budgets)] if budgets is not None else []
-    if budgets is not None and not budget_list:
-        raise GraftError("--budgets is empty")
-    if budget is not None:
-        budget_list = [parse_budget(budget)]
     opts = BenchOptions(
-        model=model,
-        draft=draft,
-        dataset=dataset,
-        categories=_split(categories) or None,
-        limit=limit,
-        max_new_tokens=max_new_tokens,
-        methods=_split(methods) or ["all"],
-        budgets=list(dict.fromkeys(budget_list)),
+        model=model, draft=draft, dataset=dataset, categories=_split(categories) or None, limit=limit,
+        max_new_tokens=max_new_tokens, methods=_split(methods) or ["all"], budgets=_budgets(budget, budgets),
         options=dict(retriever_settings(option_pairs(retriever_opt), datastore)),
-        method_opts=_pairs(method_opt, "--method-opt"),
-        variants=dict(_variant(text) for text in variant),
-        device=device,
-        dtype=dtype,
-        out=out,
-        shard=_shard(shard),
-        resume=resume,
-        report_only=report_only,
-        warmup=warmup,
-        plots=plots,
-        command=_command_line(ctx),
-        device_map=parse_device_map(device_map),
-        truncate=parse_truncate(truncate),
-        repeats=repeats,
-        graphs=graphs,
+        method_opts=_pairs(method_opt, "--method-opt"), variants=dict(_variant(text) for text in variant),
+        device=device, dtype=dtype, out=out, shard=_shard(shard), resume=resume, report_only=report_only,
+        warmup=warmup, plots=plots, command=_command_line(ctx), device_map=parse_device_map(device_map),
+        truncate=parse_truncate(truncate), repeats=repeats, graphs=graphs,
     )
     if threads is not None:
         use_threads(threads)
     code = run_bench(opts)
     if code:
         raise SystemExit(code)  # after the results are written; typer.Exit would be swallowed by cli.main
+
+
+def _budgets(budget: str | None, budgets: str | None) -> list:
+    """``--budget`` or ``--budgets`` (each budget once, in order): the budgets every engine method runs at."""
+    from graft_cli.method.config import parse_budget
+
+    if budget is not None and budgets is not None:
+        raise GraftError("give either --budget or --budgets, not both")
+    if budget is not None:
+        return [parse_budget(budget)]
+    budget_list = [parse_budget(b) for b in _split(budgets)] if budgets is not None else []
+    if budgets is not None and not budget_list:
+        raise GraftError("--budgets is empty")
+    return list(dict.fromkeys(budget_list))
 
 
 def _pairs(pairs: list[str], flag: str) -> dict[str, str]:

@@ -22,6 +22,7 @@ from graft_cli.core import GraftError
 
 if TYPE_CHECKING:
     from graft_cli.api import Generator
+    from graft_cli.method.config import MethodConfig
 
 INPUT, SAMPLING, OUTPUT = "Input", "Sampling", "Output"
 
@@ -72,32 +73,22 @@ def generate(
 ) -> None:
     """Generate text from a prompt, losslessly faster."""
     from graft_cli.api import open_generator
-    from graft_cli.method.config import with_response_cache
     from graft_cli.cli.prefill_bar import PrefillBar
-    from graft_cli.cli.escapes import unescape
 
     grammar = _grammar(json_schema, regex, prompt_file)  # a bad schema or pattern fails before the model loads
-    given = [x for x in (text, prompt, prompt_file) if x is not None]
-    if len(given) > 1:
-        raise GraftError("give the prompt once: as an argument, --prompt or --prompt-file")
-    if jsonl:
-        lines = _read_text(prompt_file or "-").splitlines()
-    else:
-        text = prompt_file and _read_text(prompt_file) or (given[0] if given else None)
-        if text is None:
-            raise GraftError("no prompt: give it as an argument, --prompt TEXT or --prompt-file FILE ('-' for stdin)")
-        if not text.strip():
-            raise GraftError("the prompt is empty")
-    config = method_config(locals())
-    if jsonl:  # a batch repeats itself: its answers are retrieved from (unless --retrievers says otherwise)
-        config = with_response_cache(config)
+    text, lines = _prompt_input(text, prompt, prompt_file, jsonl)
+    config = _config(locals(), jsonl)
     settings = dict(system=system, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                    seed=seed if seed is not None else random.randrange(2**31), stop=[unescape(s) for s in stop], raw=raw,
+                    seed=seed if seed is not None else random.randrange(2**31), stop=_stops(stop), raw=raw,
                     truncate=truncate, grammar=grammar)  # one seed for the whole run: a batch's lines sample as they would alone
-    generator = open_generator(model, config, device, dtype, device_map, prefill_chunk, PrefillBar(), graphs,
-                               threads=threads, prefix_cache=prefix_cache, forward=forward)
+    _run(open_generator(model, config, device, dtype, device_map, prefill_chunk, PrefillBar(), graphs,
+                        threads=threads, prefix_cache=prefix_cache, forward=forward), text, lines, settings, stats)
+
+
+def _run(generator: Generator, text: str | None, lines: list[str] | None, settings: dict, stats: bool) -> None:
+    """The prompt, or the batch's lines, through ``generator``, closed at the end whatever happens."""
     try:
-        if jsonl:
+        if lines is not None:
             _run_jsonl(generator, lines, settings, stats)
         else:
             _run_one(generator, text, settings, stats)
@@ -106,6 +97,39 @@ def generate(
         raise typer.Exit(0)
     finally:
         generator.close()  # retrievers that keep state on disk (--adjacency-file) save it now
+
+
+def _prompt_input(text: str | None, prompt: str | None, prompt_file: str | None,
+                  jsonl: bool) -> tuple[str | None, list[str] | None]:
+    """The one prompt given (an argument, --prompt or --prompt-file), or with ``--jsonl`` the batch's lines: read
+    and checked before the model loads."""
+    given = [x for x in (text, prompt, prompt_file) if x is not None]
+    if len(given) > 1:
+        raise GraftError("give the prompt once: as an argument, --prompt or --prompt-file")
+    if jsonl:
+        return None, _read_text(prompt_file or "-").splitlines()
+    text = prompt_file and _read_text(prompt_file) or (given[0] if given else None)
+    if text is None:
+        raise GraftError("no prompt: give it as an argument, --prompt TEXT or --prompt-file FILE ('-' for stdin)")
+    if not text.strip():
+        raise GraftError("the prompt is empty")
+    return text, None
+
+
+def _config(params: dict, jsonl: bool) -> MethodConfig:
+    """The command's method; a batch repeats itself, so its answers are retrieved from too (unless --retrievers
+    says otherwise)."""
+    from graft_cli.method.config import with_response_cache
+
+    config = method_config(params)
+    return with_response_cache(config) if jsonl else config
+
+
+def _stops(stop: list[str]) -> list[str]:
+    """``--stop`` texts with their backslash escapes read, as llama.cpp reads them."""
+    from graft_cli.cli.escapes import unescape
+
+    return [unescape(s) for s in stop]
 
 
 def _run_one(generator: Generator, text: str, settings: dict, stats: bool) -> None:

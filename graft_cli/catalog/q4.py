@@ -19,7 +19,7 @@ same input repeated is the weight's product, every value kept exactly.
 The file is checked before it is kept: scale * value + offset, computed in float32 before any split, must be bit
 for bit the weights of the float32 conversion (transformers dequantises a GGUF the same way). Other types (Q6_K,
 whose 16-column scales the kernel cannot take, and the rest), a weight whose rows are not a multiple of 16 and
-every other tensor are not written (docs/models.md).
+every other tensor are not written (docs/quantized.md).
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def dequantised(values: np.ndarray, scale: np.ndarray, offset: np.ndarray) -> np
     return (scale[..., None] * grouped + offset[..., None]).reshape(rows, columns)
 
 
-def four_bit_tensors(reader: Any, config: Any) -> dict[str, tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
+def quantized_tensors(reader: Any, config: Any) -> dict[str, tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
     """The GGUF's linear weights of the types kept by Hugging Face name: ``(kind, values, scale, offset)``, rows
     in the converted model's order."""
     found = {}
@@ -164,7 +164,7 @@ def write_q4(gguf_path: Path, out_dir: Path, config: Any, weights: dict[str, Any
 
     if config.model_type not in ARCHITECTURES:
         return 0
-    found = four_bit_tensors(gguf.GGUFReader(str(gguf_path)), config)
+    found = quantized_tensors(gguf.GGUFReader(str(gguf_path)), config)
     tensors = {}
     for name, (kind, values, scale, offset) in found.items():
         reference = weights.get(name)

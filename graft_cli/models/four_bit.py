@@ -74,9 +74,10 @@ def four_bit_linear(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
                     in_features: int) -> FourBitLinear:
     """One linear of ``in_features`` columns from one or more weights' parts (one or two planes each), their
     output rows stacked (a fused projection)."""
-    planes = [part[0].shape[1] * 2 // in_features for part in parts]
-    if not set(planes) <= {1, 2} or any(part[0].shape[1] * 2 != n * in_features for part, n in zip(parts, planes)):
-        raise ValueError(f"4-bit weights of {[part[0].shape[1] * 2 for part in parts]} columns for {in_features}")
+    columns = [part[0].shape[1] * 2 for part in parts]  # two values a byte
+    if not set(columns) <= {in_features, 2 * in_features}:
+        raise ValueError(f"4-bit weights of {columns} columns for a linear of {in_features}")
+    planes = [count // in_features for count in columns]
     if len(set(planes)) > 1:
         parts = [_widened(part) if n == 1 else part for part, n in zip(parts, planes)]
     packed, scale, offset = (torch.cat([part[i] for part in parts]) for i in range(3))

@@ -207,3 +207,25 @@ def test_cli_bench_rejects_bad_options(tmp_path, capsys):
     ]:
         code, _, stderr = run_cli(argv, capsys)
         assert code == 2 and message in stderr, stderr
+
+
+def test_cli_bench_runs_the_target_on_generates_modules_and_peers_on_transformers(tiny_dir, tmp_path, capsys):
+    """``--forward`` auto: graft's own modules for the engine's columns, as ``graft generate`` runs them; a
+    transformers column gets a transformers copy of the target; a drafter loading the same model as its draft
+    gets transformers' modules, not the target's. ``--forward transformers`` runs everything there."""
+    from graft_cli.models import CausalLM
+    from graft_cli.runtime import loading
+
+    for forward, modules in (("auto", "own"), ("transformers", "transformers")):
+        out = tmp_path / forward
+        code, _, stderr = run_cli(["bench", "--model", str(tiny_dir), "--dataset", str(_dataset(tmp_path)),
+                                   "--max-new-tokens", "4", "--methods", "ar,hf-pld,dense", "--draft", str(tiny_dir),
+                                   "--forward", forward, "--out", str(out), "--no-warmup", "--no-plots"], capsys)
+        assert code == 0, stderr
+        results = json.loads((out / "results.json").read_text())
+        assert results["config"]["forward"] == modules
+        assert {m["name"] for m in results["config"]["methods"]} == {"ar", "hf-pld", "dense"}
+    own = loading.load_model(str(tiny_dir), "cpu", forward="own")
+    with shared_models(own):
+        assert isinstance(loading.load_model(str(tiny_dir), "cpu", forward="own").model, CausalLM)
+        assert not isinstance(loading.load_model(str(tiny_dir), "cpu").model, CausalLM)

@@ -37,6 +37,8 @@ def _common(opts: BenchOptions, models: Models, provenance: Provenance) -> dict:
         common["truncate"] = opts.truncate
     if opts.repeats > 1:  # the fastest of several rounds is another figure than one round's
         common["repeats"] = opts.repeats
+    if models.forward == "own":  # graft's own modules: another execution than transformers' (runs before were)
+        common["forward"] = "own"
     if use_graphs(opts.graphs, models.device):  # another execution of the same method; runs before were eager
         common["graphs"] = True
     if use_compiler(opts.graphs, models.device):  # compiled kernels: another execution again

@@ -12,6 +12,7 @@ from graft_cli.bench.plan import MethodSpec
 from graft_cli.bench.runners import HF_PLD_TOKENS, Columns, build_runners, shared_models, weights_dtype
 from graft_cli.bench.workload import Workload
 from graft_cli.method.config import DEFAULT_KIND, tree_budget
+from graft_cli.models import CausalLM
 from graft_cli.runtime import loading
 
 
@@ -22,23 +23,32 @@ class Models:
     # load what they need themselves
     device: str  # where the target's inputs go
     dtype: str  # the target's weights, e.g. float32: what the lossless check's tie tolerance depends on
+    forward: str  # whose modules run the target: own (graft's) or transformers
+    peer_target: loading.Loaded | None = None  # transformers' copy for its own columns, where the target is graft's
 
 
 def load_models(opts: BenchOptions, workload: Workload) -> Models:
-    """The target, and a draft model once for every column that takes one (hf-assisted and the drafters)."""
-    target = loading.load_model(opts.model, opts.device, opts.dtype, opts.device_map)
+    """The target on the modules ``--forward`` picks (as ``graft generate`` runs it), a draft model once for every
+    column that takes one (hf-assisted and the drafters), and where the target runs on graft's own modules and a
+    transformers column is asked for, a transformers copy of the target for it."""
+    target = loading.load_model(opts.model, opts.device, opts.dtype, opts.device_map, forward=opts.forward)
     device = target.device
     # a sharded target's draft sits whole where the target's inputs go
     draft_device = device if opts.device_map else opts.device
     draft = (loading.load_model(workload.draft_spec, draft_device, opts.dtype)
              if workload.draft_kind == DEFAULT_KIND else None)
-    return Models(target=target, draft=draft, device=device, dtype=weights_dtype(target))
+    own = isinstance(target.model, CausalLM)
+    peers = own and any(spec.kind == "peer" for spec in workload.specs)
+    peer_target = loading.load_model(opts.model, opts.device, weights_dtype(target)) if peers else None
+    return Models(target=target, draft=draft, device=device, dtype=weights_dtype(target),
+                  forward="own" if own else "transformers", peer_target=peer_target)
 
 
 def build_columns(opts: BenchOptions, workload: Workload, models: Models, warn: Callable[[str], None]) -> Columns:
     """A runner per column that can run here; a drafter that loads its --draft itself gets the loaded copy."""
-    with shared_models(models.target, models.draft):
-        return build_runners(workload.specs, models.target, models.draft, opts, workload.explicit, warn)
+    with shared_models(models.target, models.draft, models.peer_target):
+        return build_runners(workload.specs, models.target, models.draft, opts, workload.explicit, warn,
+                             models.peer_target)
 
 
 def conversation(opts: BenchOptions, workload: Workload, models: Models, specs: list[MethodSpec]) -> Conversation:

@@ -83,6 +83,7 @@ def run_config(prep: Prepared) -> dict:
         "device_map": opts.device_map,
         "truncate": opts.truncate,
         "graphs": use_graphs(opts.graphs, models.device),
+        "forward": models.forward,
         "sampling": "greedy",
         "warmup": opts.warmup,
         "interleaving": "question by question, method order rotating by one per question"

@@ -17,6 +17,7 @@ from graft_cli.bench.options import BenchOptions
 from graft_cli.bench.plan import MethodSpec
 from graft_cli.core import GraftError, Proposer, Stats, device_kind
 from graft_cli.method.config import MethodConfig
+from graft_cli.models import CausalLM
 from graft_cli.runtime import loading
 from graft_cli.runtime.attention_kernels import GroupedQueryAttention
 from graft_cli.runtime.engine import decode
@@ -240,15 +241,17 @@ class Columns:
 
 
 def build_runners(specs: Sequence[MethodSpec], loaded: loading.Loaded, draft_loaded: loading.Loaded | None,
-                  opts: BenchOptions, explicit: bool, warn: Callable[[str], None]) -> Columns:
+                  opts: BenchOptions, explicit: bool, warn: Callable[[str], None],
+                  peer_loaded: loading.Loaded | None = None) -> Columns:
     """A runner per method spec; with ``all`` (not ``explicit``), engine methods that cannot be built here (a
-    datastore or a draft model missing) are left out with a warning instead of failing the run."""
+    datastore or a draft model missing) are left out with a warning instead of failing the run. ``peer_loaded``:
+    the target on transformers' modules for transformers' own columns, where ``loaded`` runs on graft's."""
     stop = loading.stop_ids(loaded)
     target = make_target(loaded.model, opts.graphs)
     columns = Columns([], [])
     for spec in specs:
         if spec.kind == "peer":
-            runner: Runner = _peer_runner(spec, loaded, draft_loaded, stop)
+            runner: Runner = _peer_runner(spec, peer_loaded or loaded, draft_loaded, stop)
         else:
             config = opts.method_config(spec)  # outside the try: a bad --method-opt fails the run, even with all
             try:
@@ -294,32 +297,33 @@ def weights_dtype(loaded: loading.Loaded) -> str:
 
 class shared_models:
     """While active, ``graft_cli.runtime.loading.load_model`` returns the already loaded model for the same (spec, device,
-    dtype): drafter methods that load their ``--draft`` themselves share the one copy hf-assisted uses, so every
-    model is loaded once however many methods and budgets run. (Drafters do not modify the model: they keep
-    their own caches.)"""
+    dtype, modules): drafter methods that load their ``--draft`` themselves share the one copy hf-assisted uses, so
+    every model is loaded once however many methods and budgets run. (Drafters do not modify the model: they keep
+    their own caches.) The modules count: a target on graft's own forward is never handed to a drafter that loads
+    the same model on transformers' (``load_model``'s default), as ``graft generate``'s drafter would."""
 
     def __init__(self, *loaded: loading.Loaded | None) -> None:
-        self.cache: dict[tuple[str, str, str], loading.Loaded] = {}
+        self.cache: dict[tuple[str, str, str, str], loading.Loaded] = {}
         for item in loaded:
             if item is not None:
                 self.add(item)
 
     def add(self, item: loading.Loaded) -> None:
-        dtype = weights_dtype(item)
+        dtype, modules = weights_dtype(item), "own" if isinstance(item.model, CausalLM) else "transformers"
         for device in (item.device, item.device.split(":")[0], "auto"):
             for d in (dtype, "auto"):
-                self.cache.setdefault((str(item.spec), device, d), item)
+                self.cache.setdefault((str(item.spec), device, d, modules), item)
 
     def __enter__(self) -> shared_models:
         self.original = loading.load_model
 
-        def load_model(spec: str, device: str = "auto", dtype: str = "auto",
-                       device_map: str | dict | None = None) -> loading.Loaded:
+        def load_model(spec: str, device: str = "auto", dtype: str = "auto", device_map: str | dict | None = None,
+                       forward: str = "transformers") -> loading.Loaded:
             if device_map is not None:  # a sharded model is the bench's own target, loaded once
-                return self.original(spec, device, dtype, device_map)
-            key = (str(spec), str(device), str(dtype))
+                return self.original(spec, device, dtype, device_map, forward=forward)
+            key = (str(spec), str(device), str(dtype), "transformers" if forward == "transformers" else "own")
             if key not in self.cache:
-                item = self.original(spec, device, dtype)
+                item = self.original(spec, device, dtype, forward=forward)
                 self.add(item)
                 self.cache[key] = item
             return self.cache[key]

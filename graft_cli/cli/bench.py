@@ -10,7 +10,7 @@ import typer
 
 from graft_cli.catalog.entries import DEFAULT_MODEL
 from graft_cli.cli.options import (
-    Budget, Datastore, Device, DeviceMap, Draft, Dtype, Graphs, MaxNewTokens, Model, RetrieverOpt, Truncate,
+    Budget, Datastore, Device, DeviceMap, Draft, Dtype, Forward, Graphs, MaxNewTokens, Model, RetrieverOpt, Truncate,
     option_pairs,
 )
 from graft_cli.core import GraftError
@@ -41,6 +41,7 @@ def bench(
     device_map: DeviceMap = None,
     truncate: Truncate = None,
     graphs: Graphs = "auto",
+    forward: Forward = "auto",
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="CPU threads for torch (default: torch's choice)."),
     out: Path = typer.Option(Path("bench-results"), "--out", "-o", help="Directory for results.json, answers/, runs.jsonl and plots."),
     shard: Optional[str] = typer.Option(None, "--shard", help="K/N: run only questions K, K+N, K+2N, ... (from 0), writing OUT/runs.K-of-N.jsonl; run the N shards side by side (one per core or GPU), then --report-only merges them."),
@@ -64,7 +65,7 @@ def bench(
         method_opts=_pairs(method_opt, "--method-opt"), variants=dict(_variant(text) for text in variant),
         device=device, dtype=dtype, out=out, shard=_shard(shard), resume=resume, report_only=report_only,
         warmup=warmup, plots=plots, command=_command_line(ctx), device_map=parse_device_map(device_map),
-        truncate=parse_truncate(truncate), repeats=repeats, graphs=graphs,
+        truncate=parse_truncate(truncate), repeats=repeats, graphs=graphs, forward=forward,
     )
     if threads is not None:
         use_threads(threads)

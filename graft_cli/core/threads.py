@@ -5,7 +5,7 @@ A decoding step on a CPU is a few hundred short parallel regions (each linear la
 ends when its slowest thread does. torch's OpenMP threads spin while they wait, so beside another busy process
 the one that got a core spins on it while its partner waits for a turn: on 2 cores, ``graft generate -n 48`` fell
 from 6.1 to 0.9 tokens/s beside one busy process. Threads that sleep while they wait (``OMP_WAIT_POLICY=PASSIVE``)
-hand the core back, so a busy neighbour costs about the share of the cores it takes (docs/benchmarks.md,
+hand the core back, so a busy neighbour costs about the share of the cores it takes (docs/cpu.md,
 "Threads on a busy machine"). OpenMP reads that variable once, when torch is imported, so the command line sets
 it before any import of torch, and only where the user has not set it; a program using graft as a library
 decides for itself."""

@@ -3,7 +3,7 @@
 Speculative decoding pays off when feeding k tokens costs far less than k forwards. With PyTorch's default fp32
 CPU path (MKL) it did not on this project's machine (AMD EPYC, one thread): ``F.linear`` over 2 or 3 rows of a
 large weight cost about 2 and 3 times 1 row, because the GEMM repacks the whole weight on every call and a
-one-token forward only streams it. The remedy, measured (docs/benchmarks.md, "CPU kernels"):
+one-token forward only streams it. The remedy, measured (docs/cpu.md, "Kernels"):
 
 - every weight is packed once, at load, into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``)
   and multiplied with ``torch.ops.mkldnn._linear_pointwise``: feeding 4 to 6 tokens to SmolLM2 then costs about

@@ -9,10 +9,9 @@ from typing import Callable
 from graft_cli.bench.execution import Conversation, check_reach
 from graft_cli.bench.options import BenchOptions
 from graft_cli.bench.plan import MethodSpec
-from graft_cli.bench.runners import HF_PLD_TOKENS, Columns, build_runners, shared_models, weights_dtype
+from graft_cli.bench.runners import HF_PLD_TOKENS, Columns, build_runners, modules_of, shared_models, weights_dtype
 from graft_cli.bench.workload import Workload
 from graft_cli.method.config import DEFAULT_KIND, tree_budget
-from graft_cli.models import CausalLM
 from graft_cli.runtime import loading
 
 
@@ -37,11 +36,10 @@ def load_models(opts: BenchOptions, workload: Workload) -> Models:
     draft_device = device if opts.device_map else opts.device
     draft = (loading.load_model(workload.draft_spec, draft_device, opts.dtype)
              if workload.draft_kind == DEFAULT_KIND else None)
-    own = isinstance(target.model, CausalLM)
-    peers = own and any(spec.kind == "peer" for spec in workload.specs)
-    peer_target = loading.load_model(opts.model, opts.device, weights_dtype(target)) if peers else None
-    return Models(target=target, draft=draft, device=device, dtype=weights_dtype(target),
-                  forward="own" if own else "transformers", peer_target=peer_target)
+    dtype, modules = weights_dtype(target), modules_of(target)
+    peers = modules == "own" and any(spec.kind == "peer" for spec in workload.specs)
+    peer_target = loading.load_model(opts.model, opts.device, dtype) if peers else None
+    return Models(target=target, draft=draft, device=device, dtype=dtype, forward=modules, peer_target=peer_target)
 
 
 def build_columns(opts: BenchOptions, workload: Workload, models: Models, warn: Callable[[str], None]) -> Columns:

@@ -51,8 +51,8 @@ class BenchOptions:
     device_map: str | dict | None = None  # accelerate's placement of a model larger than one GPU (--device-map)
     truncate: str | None = None  # left or right: cut prompts that would reach past the model's limits
     repeats: int = 1  # passes over the questions from freshly built methods; each turn from its fastest pass
-    graphs: str = "auto"
-    forward: str = "auto"  # whose modules run the target (--forward: auto, own, transformers), as generate's  # the fixed-shape path, captured as CUDA graphs (--graphs: auto, on, off, compiled)
+    graphs: str = "auto"  # the fixed-shape path, captured as CUDA graphs (--graphs: auto, on, off, compiled)
+    forward: str = "auto"  # whose modules run the target (--forward: auto, own, transformers), as generate's
 
     def __post_init__(self) -> None:
         if self.shard is not None:  # a plain (K, N) from a caller of the library reads as well

@@ -295,6 +295,11 @@ def weights_dtype(loaded: loading.Loaded) -> str:
     return str(next(loaded.model.parameters()).dtype).replace("torch.", "")
 
 
+def modules_of(loaded: loading.Loaded) -> str:
+    """Whose modules run a loaded model: ``own`` (graft's forward) or ``transformers``."""
+    return "own" if isinstance(loaded.model, CausalLM) else "transformers"
+
+
 class shared_models:
     """While active, ``graft_cli.runtime.loading.load_model`` returns the already loaded model for the same (spec, device,
     dtype, modules): drafter methods that load their ``--draft`` themselves share the one copy hf-assisted uses, so
@@ -309,7 +314,7 @@ class shared_models:
                 self.add(item)
 
     def add(self, item: loading.Loaded) -> None:
-        dtype, modules = weights_dtype(item), "own" if isinstance(item.model, CausalLM) else "transformers"
+        dtype, modules = weights_dtype(item), modules_of(item)
         for device in (item.device, item.device.split(":")[0], "auto"):
             for d in (dtype, "auto"):
                 self.cache.setdefault((str(item.spec), device, d, modules), item)

@@ -1,17 +1,29 @@
 """Threads: --threads and ``load(threads=...)`` set torch's count for the process, the default is the cores the
-process may use, and the command line makes OpenMP's threads sleep while they wait unless the user said otherwise."""
+process may use, and the command line makes OpenMP's threads sleep while they wait unless the user said otherwise.
+Within graft's own forward the operations run on one thread and the products that pay on all, which changes no
+bit."""
 
 from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
 import graft_cli
+from graft_cli.bench.synthetic import save_model_dir, tiny_model, word_tokenizer
 from graft_cli.core import GraftError
-from graft_cli.core.threads import available_cores, sleep_while_waiting, use_threads
+from graft_cli.core.cpu_units import CpuUnits
+from graft_cli.core.threads import available_cores, fanned, serial, sleep_while_waiting, use_threads
+from graft_cli.drafting.proposer import GraftProposer
+from graft_cli.models import own_model
+from graft_cli.models.config import plain_config
+from graft_cli.runtime import cpu_linear
+from graft_cli.runtime.target import Target
 from tests.bench_fixtures import run_cli, tiny_dir  # noqa: F401 - tiny_dir: the fixture
+from tests.test_kv_cache import tokens
+from tests.tiny import VOCAB, OracleTreeProposer
 
 
 def test_the_default_is_the_cores_the_process_may_use(monkeypatch):
@@ -43,3 +55,51 @@ def test_threads_sleep_while_waiting_unless_the_user_chose(monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     sleep_while_waiting()
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_a_forward_is_serial_but_for_the_work_that_pays_for_threads():
+    torch.set_num_threads(2)  # the fixture restores the count
+    seen = []
+    with serial():
+        seen.append(torch.get_num_threads())
+        with fanned(True):
+            seen.append(torch.get_num_threads())
+        with fanned(False):
+            seen.append(torch.get_num_threads())
+        with serial():  # nested: still one thread, and the products still fan out to the outer count
+            with fanned(True):
+                seen.append(torch.get_num_threads())
+        seen.append(torch.get_num_threads())
+    seen.append(torch.get_num_threads())
+    with fanned(True), serial(False):  # outside a serial block, or not asked: nothing changes
+        seen.append(torch.get_num_threads())
+    assert seen == [1, 2, 1, 2, 1, 2, 2]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_products_give_the_same_bits_on_one_thread_and_on_two(dtype):
+    """What lets a step run on one thread and a tree's products on two: a row's bits do not change."""
+    weight = torch.randn(576, 1536, generator=torch.Generator().manual_seed(0)).to(dtype)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, cpu_linear.PACK_BATCH)
+    x = torch.randn(64, 1536, generator=torch.Generator().manual_seed(1)).to(dtype)
+    results = {}
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        results[threads] = [cpu_linear.packed_product(x[:rows], packed, None, 576) for rows in (1, 16, 64)]
+    assert all(torch.equal(one, two) for one, two in zip(results[1], results[2]))
+
+
+def test_bf16_trees_on_two_threads_decode_plain_one_thread_decodings_tokens(tmp_path, monkeypatch):
+    """Steps on one thread, trees' and chunks' products on two: the tokens stay plain decoding's, exactly."""
+    monkeypatch.setattr(cpu_linear, "cpu_units", lambda: CpuUnits("test", avx512_bf16=True))
+    reference = tiny_model("llama", seed=4, layers=2, max_position_embeddings=1024, hidden_size=256,
+                           intermediate_size=768, num_attention_heads=4, num_key_value_heads=2)
+    folder = save_model_dir(tmp_path / "llama", reference, word_tokenizer())
+    model = own_model(plain_config(folder), folder, torch.bfloat16)
+    cpu_linear.use_cpu_linears(model, pack=True)
+    prompt = np.random.default_rng(3).integers(0, VOCAB, 90).tolist()
+    truth = tokens(Target(model, chunk=32), GraftProposer(0), prompt, 40)  # one thread: the fixture's
+    torch.set_num_threads(2)
+    for seed in range(2):
+        assert tokens(Target(model, chunk=20 + seed), OracleTreeProposer(truth, len(prompt), seed, "mixed"), prompt,
+                      40) == truth

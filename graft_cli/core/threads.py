@@ -8,15 +8,31 @@ from 6.1 to 0.9 tokens/s beside one busy process. Threads that sleep while they 
 hand the core back, so a busy neighbour costs about the share of the cores it takes (docs/cpu.md,
 "Threads on a busy machine"). OpenMP reads that variable once, when torch is imported, so the command line sets
 it before any import of torch, and only where the user has not set it; a program using graft as a library
-decides for itself."""
+decides for itself.
+
+Within a forward of graft's own the threads fan out only where they pay: its operations run on one thread
+(:func:`serial`), and only the linear layers of a forward of many rows go back to all of them (:func:`fanned`)."""
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Iterator
 
 from graft_cli.core.errors import GraftError
 
 WAIT_POLICY = "PASSIVE"
+# a linear layer over fewer rows runs on one thread: below it the other threads' wake-ups cost more than their
+# share of the product (a 2-core Zen 4, bf16, the default model's linears: over 8 rows 0.91x one thread's speed,
+# over 16 1.22x, over 64 1.70x; docs/cpu.md)
+PARALLEL_ROWS = 16
+# fp32 attention (torch's kernels) over at least this many scores (rows x keys) runs on every thread: one row over
+# 4,000 keys took a step from 71 to 60 ms on two threads (bf16's row-invariant attention stays serial: its
+# operations are many and small)
+PARALLEL_SCORES = 2048
+SERIAL_ROWS = 512  # a forward of fewer rows runs serially but for its linears; a whole prompt chunk does not
+_WIDE: ContextVar[int] = ContextVar("graft_wide_threads", default=1)  # the count an enclosing serial() left
 
 
 def available_cores() -> int:
@@ -56,3 +72,45 @@ def use_threads(threads: int | None) -> int:
         except RuntimeError:  # torch has run inter-op work already: its pool keeps its size
             pass
     return count
+
+
+@contextmanager
+def serial(when: bool = True) -> Iterator[None]:
+    """Run the block's torch operations on one intra-op thread (where ``when``), the linear layers inside it that
+    :func:`fanned` wraps excepted; then restore the count.
+
+    Why: every parallel region wakes the sleeping threads (:func:`sleep_while_waiting`), tens of microseconds,
+    and ends when the slowest is done. A forward's norms, rotations, attention and cache copies are many small
+    operations: on two threads a 64-row forward's ran 3-5x slower than on one, a 512-row chunk's attention 4-7x.
+    The bits do not change with the count (tests/test_threads.py). Inside a compiled region nothing is switched."""
+    import torch
+
+    count = torch.get_num_threads()
+    if not when or count == 1 or torch.compiler.is_compiling():
+        yield
+        return
+    token = _WIDE.set(count)
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(count)
+        _WIDE.reset(token)
+
+
+@contextmanager
+def fanned(when: bool = True) -> Iterator[None]:
+    """Inside :func:`serial`: run the block on the threads ``serial`` left, where ``when`` (the work pays for
+    them: a linear layer over at least ``PARALLEL_ROWS`` rows, fp32 attention over at least ``PARALLEL_SCORES``
+    scores); elsewhere nothing changes."""
+    wide = _WIDE.get()
+    if wide == 1 or not when:
+        yield
+        return
+    import torch
+
+    torch.set_num_threads(wide)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(1)

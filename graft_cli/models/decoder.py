@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from graft_cli.core.threads import PARALLEL_SCORES, SERIAL_ROWS, fanned, serial
 from graft_cli.models.attention import attend
 from graft_cli.models.invariant import Layout, invariant_rows, layout_for
 from graft_cli.models.families import Family
@@ -112,9 +113,11 @@ class Attention(nn.Module):
         if layer is not None:  # the cache keeps the rows and hands back every key the rows may see
             k, v = layer.update(k, v)
         if layout is not None:  # a CPU's low-precision rows, each as plain decoding computes it
-            out = invariant_rows(q, k, v, layout, self.scaling)
+            with serial():  # its operations are many and small at any row count (core/threads.py)
+                out = invariant_rows(q, k, v, layout, self.scaling)
         else:
-            out = attend(q, k, v, mask, visible, self.scaling)
+            with fanned(rows * k.shape[2] >= PARALLEL_SCORES):  # torch's kernels, which pay for threads
+                out = attend(q, k, v, mask, visible, self.scaling)
         return self.o_proj(out.transpose(1, 2).reshape(batch, rows, self.heads * self.head_dim))
 
 
@@ -185,7 +188,14 @@ class CausalLM(nn.Module):
         """transformers' keywords, those graft passes: ``attention_mask`` a 4D mask (additive or bool) over every
         key the rows see, or None for causal; ``cache`` a PositionCache (None or ``use_cache`` False: the rows see
         only each other); ``visible``: leading keys every row sees; ``logits_to_keep``: the last rows' logits
-        only (0: all)."""
+        only (0: all). On a CPU it runs on one thread but for the linear layers of many rows (core/threads.py)."""
+        with serial(input_ids.device.type == "cpu" and input_ids.shape[1] < SERIAL_ROWS):
+            return self._forward(input_ids, position_ids, attention_mask, cache, use_cache, output_hidden_states,
+                                 logits_to_keep, visible)
+
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
+                 cache: Any, use_cache: bool, output_hidden_states: bool, logits_to_keep: int,
+                 visible: int | None) -> Output:
         layers: Sequence[Any] = cache.layers if cache is not None and use_cache else [None] * len(self.model.layers)
         past = layers[0].get_seq_length() if layers[0] is not None else 0
         if position_ids is None:

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from graft_cli.catalog.q4 import FILE, GROUP
+from graft_cli.core.threads import PARALLEL_ROWS, fanned
 from graft_cli.models.decoder import FUSED
 from graft_cli.models.weights import mapped
 
@@ -47,7 +48,8 @@ class FourBitLinear(nn.Module):
         flat = x.reshape(-1, self.in_features)
         if self.planes == 2:
             flat = torch.cat([flat, flat], dim=-1)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
+        with fanned(flat.shape[0] >= PARALLEL_ROWS):  # many rows: on every thread the forward has (core/threads.py)
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)

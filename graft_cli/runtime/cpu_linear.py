@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from graft_cli.core.cpu_units import cpu_units
+from graft_cli.core.threads import PARALLEL_ROWS, fanned
 
 PAD_ROWS = 4  # 1-3 rows through a packed weight run as 4
 PACK_BATCH = 8  # the row count oneDNN's packed layout is chosen for (measured best among 1, 4 and 8)
@@ -70,7 +71,8 @@ class CpuLinear(nn.Linear):
             weight, bias = self.prompt
             return packed_product(x.to(weight.dtype), weight, bias, self.out_features).to(x.dtype)
         if self.packed is None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+            with fanned(x.numel() >= PARALLEL_ROWS * x.shape[-1]):
+                return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return packed_product(x, self.packed, self.bias, self.out_features)
 
 
@@ -83,7 +85,8 @@ def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
         padded = torch.cat([flat, flat.new_zeros(PAD_ROWS - rows, flat.shape[1])])
         y = torch.ops.mkldnn._linear_pointwise(padded, packed, bias, "none", [], "")[:rows]
         return y.reshape(*x.shape[:-1], out)
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    with fanned(rows >= PARALLEL_ROWS):  # many rows: on every thread the forward has (core/threads.py)
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 def packed_dtypes() -> tuple[torch.dtype, ...]:

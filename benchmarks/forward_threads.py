@@ -1,0 +1,82 @@
+"""One forward of graft's own model by its rows, on one thread and on all of them: with graft's split (its
+operations serial, the products that pay on every thread: graft_cli/core/threads.py) and with every operation on
+every thread (the split switched off, as graft ran before it), side by side in one process.
+
+    python -m benchmarks.forward_threads [--model smollm2-135m-instruct] [--dtype bfloat16] [--rows 1,16,64,512]
+                                         [--context 200] [--repeats 2]
+
+Run it as graft runs (``OMP_WAIT_POLICY=PASSIVE``, which the script sets for itself before torch is imported).
+Each row is a forward of that many new tokens after ``--context`` cached ones, rolled back after every call; the
+three ways take turns ``--repeats`` times, each keeping its fastest time. All three give the same bits (checked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from contextlib import nullcontext
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402 - after the wait policy
+
+from graft_cli.core.cpu_units import cpu_units  # noqa: E402
+from graft_cli.core.threads import available_cores  # noqa: E402
+from graft_cli.models import decoder  # noqa: E402
+from graft_cli.runtime.kv_cache import PositionCache  # noqa: E402
+from graft_cli.runtime.loading import load_model  # noqa: E402
+
+WAYS = {"1 thread": (1, decoder.serial), "all, split": (0, decoder.serial),
+        "all, every operation": (0, lambda when=True: nullcontext())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--rows", default="1,16,64,512")
+    parser.add_argument("--context", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    cores = available_cores()
+    model = load_model(args.model, device="cpu", dtype=args.dtype, forward="own").model
+    rows = [int(r) for r in args.rows.split(",")]
+    cache = PositionCache(len(model.model.layers))
+    cache.reserve(args.context + max(rows))
+    ids = torch.randint(0, model.config.vocab_size, (1, args.context + max(rows)), generator=torch.Generator().manual_seed(0))
+    print(f"{args.model} {args.dtype}, {args.context} cached tokens, {cores} cores, {cpu_units().summary()}, "
+          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
+    print("| rows | " + " | ".join(WAYS) + " | split against every operation | same bits |")
+    print("|---|" + "---|" * (len(WAYS) + 2))
+    with torch.inference_mode():
+        model(input_ids=ids[:, : args.context], cache=cache)
+        for n in rows:
+            best, logits = {}, {}
+            for _ in range(args.repeats):
+                for way, (threads, serial) in WAYS.items():
+                    torch.set_num_threads(threads or cores)
+                    decoder.serial = serial
+                    logits[way], seconds = timed(model, cache, ids[:, args.context : args.context + n], args.context)
+                    best[way] = min(best.get(way, seconds), seconds)
+            decoder.serial = WAYS["1 thread"][1]
+            same = all(torch.equal(t, logits["1 thread"]) for t in logits.values())
+            ratio = best["all, every operation"] / best["all, split"]
+            print(f"| {n} | " + " | ".join(f"{best[w] * 1e3:.1f} ms" for w in WAYS) + f" | {ratio:.2f}x | {same} |")
+
+
+def timed(model: torch.nn.Module, cache: PositionCache, new: torch.Tensor, context: int) -> tuple[torch.Tensor, float]:
+    """The logits of a forward of ``new`` after ``context`` cached rows, and its fastest of a few timings."""
+    calls = 10 if new.shape[1] < 64 else 3
+    best, logits = float("inf"), None
+    for _ in range(calls + 1):  # the first call warms the way up
+        for layer in cache.layers:
+            layer.filled = context
+        start = time.perf_counter()
+        logits = model(input_ids=new, cache=cache).logits
+        best = min(best, time.perf_counter() - start)
+    return logits, best
+
+
+if __name__ == "__main__":
+    main()

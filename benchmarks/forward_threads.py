@@ -3,11 +3,13 @@ operations serial, the products that pay on every thread: graft_cli/core/threads
 every thread (the split switched off, as graft ran before it), side by side in one process.
 
     python -m benchmarks.forward_threads [--model smollm2-135m-instruct] [--dtype bfloat16] [--rows 1,16,64,512]
-                                         [--context 200] [--repeats 2]
+                                         [--context 200] [--repeats 2] [--linears]
 
 Run it as graft runs (``OMP_WAIT_POLICY=PASSIVE``, which the script sets for itself before torch is imported).
 Each row is a forward of that many new tokens after ``--context`` cached ones, rolled back after every call; the
 three ways take turns ``--repeats`` times, each keeping its fastest time. All three give the same bits (checked).
+``--linears``: also the model's linear layers alone over each row count, on one thread (what the rest of a
+forward costs is the difference).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def main() -> None:
     parser.add_argument("--rows", default="1,16,64,512")
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--linears", action="store_true")
     args = parser.parse_args()
     cores = available_cores()
     model = load_model(args.model, device="cpu", dtype=args.dtype, forward="own").model
@@ -63,6 +66,24 @@ def main() -> None:
             same = all(torch.equal(t, logits["1 thread"]) for t in logits.values())
             ratio = best["all, every operation"] / best["all, split"]
             print(f"| {n} | " + " | ".join(f"{best[w] * 1e3:.1f} ms" for w in WAYS) + f" | {ratio:.2f}x | {same} |")
+        if args.linears:
+            torch.set_num_threads(1)
+            for n in rows:
+                print(f"{n} rows: the linear layers alone {linears_alone(model, n) * 1e3:.1f} ms on one thread")
+
+
+def linears_alone(model: torch.nn.Module, rows: int) -> float:
+    """Seconds of every linear layer of ``model`` over ``rows`` rows once, the fastest of 5 rounds."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    dtype = next(model.parameters()).dtype
+    inputs = [torch.randn(1, rows, layer.in_features).to(dtype) for layer in layers]
+    best = float("inf")
+    for _ in range(6):
+        start = time.perf_counter()
+        for layer, x in zip(layers, inputs):
+            layer(x)
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def timed(model: torch.nn.Module, cache: PositionCache, new: torch.Tensor, context: int) -> tuple[torch.Tensor, float]:

@@ -6,6 +6,7 @@ bit."""
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -15,9 +16,10 @@ import graft_cli
 from graft_cli.bench.synthetic import save_model_dir, tiny_model, word_tokenizer
 from graft_cli.core import GraftError
 from graft_cli.core.cpu_units import CpuUnits
-from graft_cli.core.threads import available_cores, fanned, serial, sleep_while_waiting, use_threads
+from graft_cli.core.threads import available_cores, fanned, serial, sleep_while_waiting, spread, use_threads
 from graft_cli.drafting.proposer import GraftProposer
 from graft_cli.models import own_model
+from graft_cli.models.invariant import causal_rows
 from graft_cli.models.config import plain_config
 from graft_cli.runtime import cpu_linear
 from graft_cli.runtime.target import Target
@@ -87,6 +89,27 @@ def test_packed_products_give_the_same_bits_on_one_thread_and_on_two(dtype):
         torch.set_num_threads(threads)
         results[threads] = [cpu_linear.packed_product(x[:rows], packed, None, 576) for rows in (1, 16, 64)]
     assert all(torch.equal(one, two) for one, two in zip(results[1], results[2]))
+
+
+def test_pieces_of_work_spread_over_the_threads_a_serial_block_left():
+    where = lambda: threading.current_thread().name  # noqa: E731
+    torch.set_num_threads(2)
+    assert spread([where, where]) == [threading.current_thread().name] * 2  # outside serial(): in turn, here
+    with serial():
+        names = spread([lambda i=i: (i, where()) for i in range(6)])
+        assert [i for i, _ in names] == list(range(6))  # in order
+        assert all(name.startswith("graft-spread") for _, name in names)
+        assert spread([where]) == [threading.current_thread().name]  # one piece: no hand-over
+
+
+def test_a_long_chunks_attention_pieces_give_the_same_bits_side_by_side():
+    generator = torch.Generator().manual_seed(5)
+    query, key, value = (torch.randn(1, heads, rows, 64, generator=generator).to(torch.bfloat16)
+                         for heads, rows in ((6, 150), (2, 400), (2, 400)))
+    alone = causal_rows(query, key, value, 0.125)
+    torch.set_num_threads(2)
+    with serial():
+        assert torch.equal(causal_rows(query, key, value, 0.125), alone)
 
 
 def test_bf16_trees_on_two_threads_decode_plain_one_thread_decodings_tokens(tmp_path, monkeypatch):

@@ -11,14 +11,17 @@ it before any import of torch, and only where the user has not set it; a program
 decides for itself.
 
 Within a forward of graft's own the threads fan out only where they pay: its operations run on one thread
-(:func:`serial`), and only the linear layers of a forward of many rows go back to all of them (:func:`fanned`)."""
+(:func:`serial`), and only the linear layers of a forward of many rows go back to all of them (:func:`fanned`),
+or its independent pieces of work run side by side, one thread each (:func:`spread`)."""
 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Iterator
+from functools import cache
+from typing import Callable, Iterator, Sequence, TypeVar
 
 from graft_cli.core.errors import GraftError
 
@@ -33,6 +36,7 @@ PARALLEL_ROWS = 16
 PARALLEL_SCORES = 2048
 SERIAL_ROWS = 512  # a forward of fewer rows runs serially but for its linears; a whole prompt chunk does not
 _WIDE: ContextVar[int] = ContextVar("graft_wide_threads", default=1)  # the count an enclosing serial() left
+T = TypeVar("T")
 
 
 def available_cores() -> int:
@@ -114,3 +118,24 @@ def fanned(when: bool = True) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(1)
+
+
+def spread(work: Sequence[Callable[[], T]]) -> list[T]:
+    """Inside :func:`serial`: run independent pieces of work side by side on as many Python threads as ``serial``
+    left intra-op threads, each piece's torch operations on one thread (torch releases the interpreter's lock
+    while it computes); their results in order. Elsewhere, or for one piece, one after another.
+
+    Why: a long prompt chunk's row-invariant attention is pieces of rows whose many small operations gain nothing
+    from intra-op threads, while the pieces themselves are independent (at 3,500 cached keys a 512-row chunk's
+    took 40 ms a layer on two such threads against 79 ms on one). A piece's bits do not depend on its thread."""
+    wide = _WIDE.get()
+    if wide == 1 or len(work) < 2:
+        return [piece() for piece in work]
+    return list(_pool(wide, os.getpid()).map(lambda piece: piece(), work))
+
+
+@cache
+def _pool(width: int, process: int) -> ThreadPoolExecutor:
+    """The threads :func:`spread` runs on: one pool per width, made again in a forked child (``process``), whose
+    copy of its parent's pool has no threads."""
+    return ThreadPoolExecutor(width, thread_name_prefix="graft-spread")

@@ -21,9 +21,12 @@ layer against 3.9 through the flash kernel; a bf16 prompt's prefill 0.84x to 0.9
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
+
+from graft_cli.core.threads import spread
 
 BLOCK = 64  # positions per values GEMM
 FEW_ROWS = 64  # a tree's rows up to which a forward takes this path
@@ -101,11 +104,10 @@ def causal_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sca
     piece = max(8, min(PIECE, PIECE_SPAN // key.shape[2] // 8 * 8))
     if rows <= piece:
         return causal_piece(query, key, value, scaling)
-    pieces = []
-    for start in range(0, rows, piece):
-        end = past + min(rows, start + piece)
-        pieces.append(causal_piece(query[:, :, start : start + piece], key[:, :, :end], value[:, :, :end], scaling))
-    return torch.cat(pieces, dim=2)
+    ends = [(start, past + min(rows, start + piece)) for start in range(0, rows, piece)]
+    pieces = [partial(causal_piece, query[:, :, start : start + piece], key[:, :, :end], value[:, :, :end], scaling)
+              for start, end in ends]
+    return torch.cat(spread(pieces), dim=2)  # side by side on the threads a forward has (core/threads.py)
 
 
 def causal_piece(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:

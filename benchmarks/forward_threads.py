@@ -47,7 +47,8 @@ def main() -> None:
     rows = [int(r) for r in args.rows.split(",")]
     cache = PositionCache(len(model.model.layers))
     cache.reserve(args.context + max(rows))
-    ids = torch.randint(0, model.config.vocab_size, (1, args.context + max(rows)), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, model.config.vocab_size, (1, args.context + max(rows)),
+                        generator=torch.Generator().manual_seed(0))
     print(f"{args.model} {args.dtype}, {args.context} cached tokens, {cores} cores, {cpu_units().summary()}, "
           f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
     print("| rows | " + " | ".join(WAYS) + " | split against every operation | same bits |")

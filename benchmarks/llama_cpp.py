@@ -8,9 +8,10 @@ F32, BF16 and Q8_0 GGUF and on the catalog's own Q4_1 GGUF (kept by ``graft mode
 graft's ``ar`` and ``graft`` in fp32, in bf16 and over the Q8_0 and Q4_1 GGUFs' own blocks (``--dtype q4``: the
 Q8_0 file, converted by graft once, keeps its 8-bit values as two 4-bit planes); then ``llama-bench``'s
 synthetic prefill (pp) and decoding (tg) rates. The question loop is interleaved (every engine runs question 1,
-then every engine question 2, ...) so that drift on a shared machine hits every engine alike. Before anything is timed the rendered prompt's tokens are
-checked to be the same in both engines (llama.cpp's ``--verbose-prompt`` against graft's tokenizer); each text is
-then compared with graft ``ar``'s. llama.cpp is built on first use (benchmarks/llama_cpp_build.py). Writes
+then every engine question 2, ...) so that drift on a shared machine hits every engine alike. Before anything is
+timed the rendered prompt's tokens are checked to be the same in both engines (llama.cpp's ``--verbose-prompt``
+against graft's tokenizer); each text is then compared with graft ``ar``'s. llama.cpp is built on first use
+(benchmarks/llama_cpp_build.py). Writes
 ``table.md`` and ``results.json`` to ``--out``; the CPU and its matrix units head both.
 """
 

@@ -301,11 +301,12 @@ def modules_of(loaded: loading.Loaded) -> str:
 
 
 class shared_models:
-    """While active, ``graft_cli.runtime.loading.load_model`` returns the already loaded model for the same (spec, device,
-    dtype, modules): drafter methods that load their ``--draft`` themselves share the one copy hf-assisted uses, so
-    every model is loaded once however many methods and budgets run. (Drafters do not modify the model: they keep
-    their own caches.) The modules count: a target on graft's own forward is never handed to a drafter that loads
-    the same model on transformers' (``load_model``'s default), as ``graft generate``'s drafter would."""
+    """While active, ``graft_cli.runtime.loading.load_model`` returns the already loaded model for the same
+    (spec, device, dtype, modules): drafter methods that load their ``--draft`` themselves share the one copy
+    hf-assisted uses, so every model is loaded once however many methods and budgets run. (Drafters do not
+    modify the model: they keep their own caches.) The modules count: a target on graft's own forward is never
+    handed to a drafter that loads the same model on transformers' (``load_model``'s default), as ``graft
+    generate``'s drafter would."""
 
     def __init__(self, *loaded: loading.Loaded | None) -> None:
         self.cache: dict[tuple[str, str, str, str], loading.Loaded] = {}

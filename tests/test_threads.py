@@ -16,7 +16,8 @@ import graft_cli
 from graft_cli.bench.synthetic import save_model_dir, tiny_model, word_tokenizer
 from graft_cli.core import GraftError
 from graft_cli.core.cpu_units import CpuUnits
-from graft_cli.core.threads import available_cores, fanned, serial, sleep_while_waiting, spread, use_threads
+from graft_cli.core.threads import (PARALLEL_BYTES, available_cores, fanned, product_pays, serial, sleep_while_waiting,
+                                    spread, use_threads)
 from graft_cli.drafting.proposer import GraftProposer
 from graft_cli.models import own_model
 from graft_cli.models.invariant import causal_rows
@@ -89,6 +90,19 @@ def test_packed_products_give_the_same_bits_on_one_thread_and_on_two(dtype):
         torch.set_num_threads(threads)
         results[threads] = [cpu_linear.packed_product(x[:rows], packed, None, 576) for rows in (1, 16, 64)]
     assert all(torch.equal(one, two) for one, two in zip(results[1], results[2]))
+
+
+def test_a_large_weight_fans_out_even_for_one_row():
+    """A one-token step's LM head streams faster on every thread, with the bits one thread gives."""
+    assert product_pays(16, 0) and product_pays(1, PARALLEL_BYTES) and not product_pays(15, PARALLEL_BYTES - 1)
+    weight = torch.randn(16384, 576, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)  # 18 MiB
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, cpu_linear.PACK_BATCH)
+    x = torch.randn(1, 576, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    torch.set_num_threads(1)
+    alone = cpu_linear.packed_product(x, packed, None, 16384)
+    torch.set_num_threads(2)
+    with serial():
+        assert torch.equal(cpu_linear.packed_product(x, packed, None, 16384), alone)
 
 
 def test_pieces_of_work_spread_over_the_threads_a_serial_block_left():

@@ -30,6 +30,10 @@ WAIT_POLICY = "PASSIVE"
 # share of the product (a 2-core Zen 4, bf16, the default model's linears: over 8 rows 0.91x one thread's speed,
 # over 16 1.22x, over 64 1.70x; docs/cpu.md)
 PARALLEL_ROWS = 16
+# and so does a product over fewer rows whose weight is this large: one row streams it faster on two threads (the
+# same machine, bf16, packed, caches cold: 13.8M weights 1.18x one thread's speed, 27.5M 1.37x, the default model's
+# 576 x 49,152 LM head 1.39x; 3.5M 1.09x, 1.8M 0.66x)
+PARALLEL_BYTES = 16 << 20
 # fp32 attention (torch's kernels) over at least this many scores (rows x keys) runs on every thread: one row over
 # 4,000 keys took a step from 71 to 60 ms on two threads (bf16's row-invariant attention stays serial: its
 # operations are many and small)
@@ -105,7 +109,7 @@ def serial(when: bool = True) -> Iterator[None]:
 @contextmanager
 def fanned(when: bool = True) -> Iterator[None]:
     """Inside :func:`serial`: run the block on the threads ``serial`` left, where ``when`` (the work pays for
-    them: a linear layer over at least ``PARALLEL_ROWS`` rows, fp32 attention over at least ``PARALLEL_SCORES``
+    them: a linear layer as :func:`product_pays` says, fp32 attention over at least ``PARALLEL_SCORES``
     scores); elsewhere nothing changes."""
     wide = _WIDE.get()
     if wide == 1 or not when:
@@ -118,6 +122,12 @@ def fanned(when: bool = True) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(1)
+
+
+def product_pays(rows: int, weight_bytes: int) -> bool:
+    """Whether a linear layer's product over ``rows`` rows of a weight of ``weight_bytes`` bytes pays for every
+    thread (:func:`fanned`): many rows, or a weight whose stream alone outlasts the threads' wake-ups."""
+    return rows >= PARALLEL_ROWS or weight_bytes >= PARALLEL_BYTES
 
 
 def spread(work: Sequence[Callable[[], T]]) -> list[T]:

@@ -36,7 +36,7 @@ LONG_CONTEXT = 2048  # ... and again, for what the context adds (two sizes)
 LONG_SIZES = (1, 16)
 REPEATS = 5
 NOISY = 0.5  # timings spread above this: warn that the machine was busy
-PROFILE_VERSION = 5  # 5: threads by the work (core/threads.py); 4: the context term; older profiles are remeasured
+PROFILE_VERSION = 6  # 6: large weights on every thread; 5: threads by the work (core/threads.py); 4: the context term
 
 
 def device_label(device: str) -> str:

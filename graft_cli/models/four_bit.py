@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from graft_cli.catalog.q4 import FILE, GROUP
-from graft_cli.core.threads import PARALLEL_ROWS, fanned
+from graft_cli.core.threads import fanned, product_pays
 from graft_cli.models.decoder import FUSED
 from graft_cli.models.weights import mapped
 
@@ -48,7 +48,8 @@ class FourBitLinear(nn.Module):
         flat = x.reshape(-1, self.in_features)
         if self.planes == 2:
             flat = torch.cat([flat, flat], dim=-1)
-        with fanned(flat.shape[0] >= PARALLEL_ROWS):  # many rows: on every thread the forward has (core/threads.py)
+        # many rows or a large weight: on every thread the forward has (core/threads.py)
+        with fanned(product_pays(flat.shape[0], self.packed.nbytes)):
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_zeros)
         if self.bias is not None:
             y = y + self.bias

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from graft_cli.core.cpu_units import cpu_units
-from graft_cli.core.threads import PARALLEL_ROWS, fanned
+from graft_cli.core.threads import fanned, product_pays
 
 PAD_ROWS = 4  # 1-3 rows through a packed weight run as 4
 PACK_BATCH = 8  # the row count oneDNN's packed layout is chosen for (measured best among 1, 4 and 8)
@@ -71,7 +71,7 @@ class CpuLinear(nn.Linear):
             weight, bias = self.prompt
             return packed_product(x.to(weight.dtype), weight, bias, self.out_features).to(x.dtype)
         if self.packed is None:
-            with fanned(x.numel() >= PARALLEL_ROWS * x.shape[-1]):
+            with fanned(product_pays(x.numel() // max(x.shape[-1], 1), self.weight.nbytes)):
                 return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return packed_product(x, self.packed, self.bias, self.out_features)
 
@@ -80,12 +80,13 @@ def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
     """``x`` times a oneDNN-packed weight, 1-3 rows padded to ``PAD_ROWS`` (a row's result does not depend on the
     rows beside it: the mixed mode relies on it, tests/test_prompt_precision.py checks it)."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if 0 < rows < PAD_ROWS:
-        flat = x.reshape(rows, -1)
-        padded = torch.cat([flat, flat.new_zeros(PAD_ROWS - rows, flat.shape[1])])
-        y = torch.ops.mkldnn._linear_pointwise(padded, packed, bias, "none", [], "")[:rows]
-        return y.reshape(*x.shape[:-1], out)
-    with fanned(rows >= PARALLEL_ROWS):  # many rows: on every thread the forward has (core/threads.py)
+    # many rows or a large weight: on every thread the forward has (core/threads.py)
+    with fanned(product_pays(rows, out * x.shape[-1] * x.element_size())):
+        if 0 < rows < PAD_ROWS:
+            flat = x.reshape(rows, -1)
+            padded = torch.cat([flat, flat.new_zeros(PAD_ROWS - rows, flat.shape[1])])
+            y = torch.ops.mkldnn._linear_pointwise(padded, packed, bias, "none", [], "")[:rows]
+            return y.reshape(*x.shape[:-1], out)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 

@@ -5,7 +5,7 @@ every thread (the split switched off, as graft ran before it), side by side in o
     python -m benchmarks.forward_threads [--model smollm2-135m-instruct] [--dtype bfloat16] [--rows 1,16,64,512]
                                          [--context 200] [--repeats 2] [--linears]
 
-Run it as graft runs (``OMP_WAIT_POLICY=PASSIVE``, which the script sets for itself before torch is imported).
+It runs as graft runs (``OMP_WAIT_POLICY=PASSIVE``, which the package sets before torch is imported).
 Each row is a forward of that many new tokens after ``--context`` cached ones, rolled back after every call; the
 three ways take turns ``--repeats`` times, each keeping its fastest time. All three give the same bits (checked).
 ``--linears``: also the model's linear layers alone over each row count, on one thread (what the rest of a
@@ -19,15 +19,13 @@ import os
 import time
 from contextlib import nullcontext
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch
 
-import torch  # noqa: E402 - after the wait policy
-
-from graft_cli.core.cpu_units import cpu_units  # noqa: E402
-from graft_cli.core.threads import available_cores  # noqa: E402
-from graft_cli.models import decoder  # noqa: E402
-from graft_cli.runtime.kv_cache import PositionCache  # noqa: E402
-from graft_cli.runtime.loading import load_model  # noqa: E402
+from graft_cli.core.cpu_units import cpu_units
+from graft_cli.core.threads import available_cores
+from graft_cli.models import decoder
+from graft_cli.runtime.kv_cache import PositionCache
+from graft_cli.runtime.loading import load_model
 
 WAYS = {"1 thread": (1, decoder.serial), "all, split": (0, decoder.serial),
         "all, every operation": (0, lambda when=True: nullcontext())}

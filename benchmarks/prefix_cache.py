@@ -26,16 +26,14 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as graft generate and serve run (core/threads.py)
+import torch
 
-import torch  # noqa: E402 - after the wait policy
-
-from benchmarks import agent_tools  # noqa: E402
-from benchmarks.agent_tools import renders_tools  # noqa: E402
-from graft_cli.api import Generator  # noqa: E402
-from graft_cli.method.config import configure, with_response_cache  # noqa: E402
-from graft_cli.runtime.loading import load_model  # noqa: E402
-from graft_cli.runtime.lossless import first_difference  # noqa: E402
+from benchmarks import agent_tools
+from benchmarks.agent_tools import renders_tools
+from graft_cli.api import Generator
+from graft_cli.method.config import configure, with_response_cache
+from graft_cli.runtime.loading import load_model
+from graft_cli.runtime.lossless import first_difference
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "bench"
 POLICY = Path(__file__).with_name("agent_policy.md")

@@ -18,18 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from time import perf_counter
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as graft generate and serve run (core/threads.py)
+import torch
 
-import torch  # noqa: E402 - after the wait policy
-
-from graft_cli.api import Generator  # noqa: E402
-from graft_cli.method.config import configure  # noqa: E402
-from graft_cli.runtime.loading import load_model  # noqa: E402
-from graft_cli.server.tools import Tools, parse_calls  # noqa: E402
+from graft_cli.api import Generator
+from graft_cli.method.config import configure
+from graft_cli.runtime.loading import load_model
+from graft_cli.server.tools import Tools, parse_calls
 
 TASKS = Path(__file__).with_name("structured_tasks.jsonl")
 CONFIGS = ("ar constrained", "graft constrained", "graft free")

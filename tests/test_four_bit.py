@@ -12,7 +12,8 @@ import torch
 from graft_cli.catalog import q4, resolve
 from graft_cli.catalog.home import read_manifest
 from graft_cli.core import GraftError
-from graft_cli.models.four_bit import FourBitLinear, four_bit_linear, precision
+from graft_cli.core.threads import serial
+from graft_cli.models.four_bit import PARALLEL_PACKED, FourBitLinear, four_bit_linear, precision
 from graft_cli.runtime.loading import load_model
 from tests.catalog_fixtures import home, kind_of, random_q4_k, tiny_gguf  # noqa: F401 - home: the fixture
 
@@ -110,6 +111,23 @@ def test_rows_do_not_depend_on_the_rows_beside_them(planes):
     for rows in (1, 2, 5, 17, 64, 65, 128, 299):
         assert torch.equal(linear(x[:rows]), whole[:rows]), rows
     assert torch.equal(linear(x[7:8]), whole[7:8])
+
+
+def test_a_large_weight_fans_out_even_for_one_row():
+    """Its kernel is bound by arithmetic, so a one-token step runs a large weight on every thread: same bits."""
+    rng = np.random.default_rng(3)
+    out, columns = 4096, 576  # 1.1 MiB packed
+    parts = (torch.from_numpy(rng.integers(0, 256, (out, columns // 2), dtype=np.uint8)),
+             torch.from_numpy(rng.uniform(1e-3, 1e-2, (out, columns // 32)).astype(np.float32)),
+             torch.from_numpy(rng.uniform(-0.05, 0.0, (out, columns // 32)).astype(np.float32)))
+    linear = four_bit_linear([parts], None, columns)
+    assert linear.packed.nbytes >= PARALLEL_PACKED
+    x = torch.randn(1, columns).to(torch.bfloat16)
+    torch.set_num_threads(1)
+    alone = linear(x)
+    torch.set_num_threads(2)  # the fixture restores the count
+    with serial():
+        assert torch.equal(linear(x), alone)
 
 
 def test_plain_decoding_and_graft_give_the_same_tokens(four_bit_model):

@@ -124,10 +124,11 @@ def fanned(when: bool = True) -> Iterator[None]:
         torch.set_num_threads(1)
 
 
-def product_pays(rows: int, weight_bytes: int) -> bool:
+def product_pays(rows: int, weight_bytes: int, large: int = PARALLEL_BYTES) -> bool:
     """Whether a linear layer's product over ``rows`` rows of a weight of ``weight_bytes`` bytes pays for every
-    thread (:func:`fanned`): many rows, or a weight whose stream alone outlasts the threads' wake-ups."""
-    return rows >= PARALLEL_ROWS or weight_bytes >= PARALLEL_BYTES
+    thread (:func:`fanned`): many rows, or a weight of at least ``large`` bytes, whose product alone outlasts the
+    threads' wake-ups (a kernel that unpacks its weight as it multiplies says from how many)."""
+    return rows >= PARALLEL_ROWS or weight_bytes >= large
 
 
 def spread(work: Sequence[Callable[[], T]]) -> list[T]:

@@ -11,8 +11,8 @@ synthetic prefill (pp) and decoding (tg) rates. The question loop is interleaved
 then every engine question 2, ...) so that drift on a shared machine hits every engine alike. Before anything is
 timed the rendered prompt's tokens are checked to be the same in both engines (llama.cpp's ``--verbose-prompt``
 against graft's tokenizer); each text is then compared with graft ``ar``'s. llama.cpp is built on first use
-(benchmarks/llama_cpp_build.py). Writes
-``table.md`` and ``results.json`` to ``--out``; the CPU and its matrix units head both.
+(benchmarks/llama_cpp_build.py). Writes ``table.md`` and ``results.json`` to ``--out``; the CPU and its matrix
+units head both.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from graft_cli.core.cpu_units import CpuUnits
 from graft_cli.drafting.proposer import GraftProposer
 from graft_cli.models import own_model
 from graft_cli.models.config import plain_config
-from graft_cli.models.invariant import FEW_ROWS, invariant_rows, layout_for
+from graft_cli.models.invariant import BLOCK, FEW_ROWS, invariant_rows, layout_for
 from graft_cli.runtime import cpu_linear
 from graft_cli.runtime.cpu_linear import use_cpu_linears
 from graft_cli.runtime.target import Target
@@ -84,6 +84,20 @@ def test_a_chunks_rows_do_not_depend_on_the_pieces_it_attends_in(monkeypatch):
     whole = invariant_rows(query, key, value, layout(None, rows, None, keys - rows), 0.25)
     monkeypatch.setattr(invariant, "PIECE_SPAN", 8 * keys)  # pieces of 8 rows
     assert torch.equal(invariant_rows(query, key, value, layout(None, rows, None, keys - rows), 0.25), whole)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_low_precision_softmax_over_whole_blocks_is_the_fp32_one_rounded_whatever_trails_it(dtype):
+    """What the attention relies on of torch: over whole blocks of keys, the softmax in bf16 (or fp16) gives the
+    fp32 softmax's bits rounded, and trailing blocks at -inf change no bit."""
+    gen = torch.Generator().manual_seed(11)
+    for keys in (BLOCK, 3 * BLOCK, 63 * BLOCK):
+        scores = (4 * torch.randn(12, keys, generator=gen)).to(dtype)
+        scores[:, keys - 7 :] = float("-inf")  # a row's own padding
+        alone = torch.softmax(scores, dim=-1)
+        assert torch.equal(alone, torch.softmax(scores.float(), dim=-1).to(dtype))
+        trailed = torch.cat([scores, torch.full((12, 2 * BLOCK), float("-inf"), dtype=dtype)], dim=-1)
+        assert torch.equal(torch.softmax(trailed, dim=-1)[:, :keys], alone)
 
 
 def test_it_serves_a_cpus_low_precision_steps_prompts_and_few_rowed_trees():

@@ -72,9 +72,11 @@ def layout_for(x: torch.Tensor, mask: torch.Tensor | None, visible: int | None, 
 def invariant_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: Layout,
                    scaling: float) -> torch.Tensor:
     """Grouped-query attention of ``[1, heads, rows, dim]`` queries over ``[1, kv_heads, keys, dim]`` keys and
-    values as ``layout`` says each row sees them. The queries are scaled before the product; the softmax runs in
-    fp32 over whole blocks, the padding at -inf (torch's fp32 softmax gives a row the same bits whatever -inf
-    trails it, where its bf16 one changes its arithmetic with the row's length). Returns ``[1, heads, rows, dim]``."""
+    values as ``layout`` says each row sees them. The queries are scaled before the product; the softmax runs over
+    whole blocks, the padding at -inf. torch's bf16 softmax computes in fp32 vector by vector and gives a row
+    the bits of the fp32 softmax rounded, whatever -inf trails it, but only over whole vectors (a shorter tail
+    goes through a scalar exp): whole blocks are, and it takes a third of the time of converting to fp32 and
+    back (tests/test_invariant.py holds torch to it). Returns ``[1, heads, rows, dim]``."""
     if layout.columns is None:
         return causal_rows(query, key, value, scaling)
     _, heads, rows, dim = query.shape
@@ -85,11 +87,11 @@ def invariant_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     scores = torch.bmm((query * scaling).reshape(kv_heads, groups * rows, dim), key[0].contiguous().transpose(1, 2))
     scores = scores.view(kv_heads, groups, rows, -1)
     width = layout.columns.shape[1]
-    canon = torch.full((kv_heads, groups, rows, shared + width + -(shared + width) % BLOCK), float("-inf"))
+    canon = scores.new_full((kv_heads, groups, rows, shared + width + -(shared + width) % BLOCK), float("-inf"))
     canon[..., :shared] = scores[..., :shared]
     canon[..., shared : shared + width] = scores.gather(-1, layout.columns.expand(kv_heads, groups, rows, width))
     canon[..., shared : shared + width].masked_fill_(~layout.valid, float("-inf"))
-    probs = torch.softmax(canon, dim=-1).to(query.dtype)  # [kv_heads, groups, rows, canonical keys]
+    probs = torch.softmax(canon, dim=-1)  # [kv_heads, groups, rows, canonical keys]
     blocks = tree_blocks(probs, value[0], layout)  # [kv_heads, groups, rows, blocks, dim]
     return in_order(blocks, 3).to(query.dtype).reshape(1, heads, rows, dim)
 
@@ -122,7 +124,7 @@ def causal_piece(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sc
     scores[..., keys:] = float("-inf")
     if rows > 1:
         scores[..., keys - rows : keys].masked_fill_(torch.ones(rows, rows, dtype=torch.bool).triu(1), float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).to(query.dtype).view(kv_heads, groups * rows, -1, BLOCK)
+    probs = torch.softmax(scores, dim=-1).view(kv_heads, groups * rows, -1, BLOCK)
     probs = probs.transpose(1, 2)
     values = F.pad(value[0], (0, 0, 0, pad)).view(kv_heads, -1, BLOCK, dim)
     blocks = torch.matmul(probs, values)  # [kv_heads, blocks, groups * rows, dim]

@@ -4,8 +4,8 @@ A package so that a script imports its neighbours as ``benchmarks.NAME`` and the
 comes first (``-m`` puts the working directory on the path); not part of the installed distribution.
 """
 
-from graft_cli.core.threads import sleep_while_waiting
+from graft_cli.core.threads import wait_briefly
 
-# every script measures graft as its commands run it, OpenMP's threads sleeping while they wait (core/threads.py):
+# every script measures graft as its commands run it, OpenMP's threads spinning briefly as they wait (core/threads.py):
 # set here, before a script imports torch (a script that compares policies sets its children's own)
-sleep_while_waiting()
+wait_briefly()

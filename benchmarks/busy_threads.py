@@ -4,8 +4,8 @@ thread count and OpenMP wait policy, so what a busy machine costs is read as a r
     python -m benchmarks.busy_threads [--threads 1,2] [--busy 1] [-n 48] [--repeats 3]
 
 Each configuration runs in a fresh process (OpenMP reads its wait policy when torch is imported): ``spin`` is
-libgomp's default (spin about 3 ms, then sleep), ``passive`` what ``graft generate`` and ``graft serve`` set
-(graft_cli/core/threads.py). Decoding only: the load and a warm-up are not timed. Alone and busy runs alternate,
+libgomp's default (spin about 3 ms, then sleep), ``passive`` sleeps at once, ``brief`` is what ``graft generate``
+and ``graft serve`` set (a thirtieth of the default's spinning; graft_cli/core/threads.py). Decoding only: the load and a warm-up are not timed. Alone and busy runs alternate,
 and each is the best of ``--repeats``, so that other work on a shared machine blurs the ratio less.
 """
 
@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 PROMPT = "Write a Python function that reads a JSON file and returns its contents."
-POLICIES = {"spin": None, "passive": "PASSIVE"}
+POLICIES = {"spin": {"GOMP_SPINCOUNT": "300000"}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "brief": {}}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -32,8 +32,7 @@ def child(args: argparse.Namespace) -> None:
 
 def measure(args: argparse.Namespace, threads: int, policy: str, busy: int) -> float:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
-    if POLICIES[policy]:
-        env["OMP_WAIT_POLICY"] = POLICIES[policy]
+    env.update(POLICIES[policy])
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
     try:
         out = subprocess.run([sys.executable, "-m", "benchmarks.busy_threads", "--child", "--threads", str(threads),

@@ -31,7 +31,7 @@ from benchmarks.llama_cpp_output import (OutputError, Row, Timing, bench_rates, 
                                          generated_text, lookup_timing, prompt_ids, table)
 from graft_cli.core import GraftError
 from graft_cli.core.cpu_units import cpu_units
-from graft_cli.core.threads import available_cores, sleep_while_waiting
+from graft_cli.core.threads import available_cores, wait_briefly
 
 # one question from each of these Spec-Bench categories, in this order, as many as --questions asks: the first
 # eight's prompts run from 40 to 769 tokens, the short ones first (a quick look with --questions 2 stays quick)
@@ -266,7 +266,7 @@ def main() -> None:
     parser.add_argument("--no-bench", dest="bench", action="store_false", help="skip llama-bench's rows")
     args = parser.parse_args()
     env = dict(os.environ)  # llama.cpp's own OpenMP defaults: graft's wait policy is graft's
-    sleep_while_waiting()
+    wait_briefly()
     try:
         print(compare(args, env))
     except (GraftError, subprocess.TimeoutExpired) as e:

@@ -113,19 +113,22 @@ def test_rows_do_not_depend_on_the_rows_beside_them(planes):
     assert torch.equal(linear(x[7:8]), whole[7:8])
 
 
-def test_a_large_weight_fans_out_even_for_one_row():
-    """Its kernel is bound by arithmetic, so a one-token step runs a large weight on every thread: same bits."""
+@pytest.mark.parametrize("out", [4096, 576])  # 1.1 MiB packed: fanned out even for one row; 0.16 MiB: not
+def test_a_weight_gives_one_threads_bits_on_two_crowded_or_free(out):
+    """Its kernel is bound by arithmetic, so a one-token step runs a large weight on every thread (crowded
+    machine), and every weight on a free one: the bits one thread gives either way."""
     rng = np.random.default_rng(3)
-    out, columns = 4096, 576  # 1.1 MiB packed
+    columns = 576
     parts = (torch.from_numpy(rng.integers(0, 256, (out, columns // 2), dtype=np.uint8)),
              torch.from_numpy(rng.uniform(1e-3, 1e-2, (out, columns // 32)).astype(np.float32)),
              torch.from_numpy(rng.uniform(-0.05, 0.0, (out, columns // 32)).astype(np.float32)))
     linear = four_bit_linear([parts], None, columns)
-    assert linear.packed.nbytes >= PARALLEL_PACKED
+    assert (linear.packed.nbytes >= PARALLEL_PACKED) == (out == 4096)
     x = torch.randn(1, columns).to(torch.bfloat16)
     torch.set_num_threads(1)
     alone = linear(x)
     torch.set_num_threads(2)  # the fixture restores the count
+    assert torch.equal(linear(x), alone)
     with serial():
         assert torch.equal(linear(x), alone)
 

@@ -32,7 +32,7 @@ from graft_cli.cli.serve import serve
 from graft_cli.core import GraftError
 from graft_cli.core.version import __version__
 from graft_cli.core.memory import reuse_freed_memory
-from graft_cli.core.threads import sleep_while_waiting
+from graft_cli.core.threads import wait_briefly
 
 app = typer.Typer(
     name="graft",
@@ -84,10 +84,11 @@ def _sweep() -> None:
 def _process_settings() -> None:
     """What a graft command sets for its own process, and a program that imports graft does not get: transformers'
     own warnings stay off stderr (unless the user set TRANSFORMERS_VERBOSITY), freed memory is kept for the next
-    step (graft_cli/core/memory.py) and torch's threads sleep while they wait (graft_cli/core/threads.py). The network is reached only to fetch a model or head the user named."""
+    step (graft_cli/core/memory.py) and torch's threads spin only briefly while they wait
+    (graft_cli/core/threads.py). The network is reached only to fetch a model or head the user named."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     reuse_freed_memory()
-    sleep_while_waiting()
+    wait_briefly()
 
 
 def _trace(debug: bool) -> None:

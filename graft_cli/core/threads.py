@@ -1,18 +1,21 @@
-"""How many CPU threads a generating process runs, and how they wait: the process's setting, like its allocator
-(core/memory.py), made by the commands that generate and by ``graft_cli.load(threads=...)``.
+"""How many CPU threads a generating process runs, how they wait, and which work goes to all of them: the
+process's setting, like its allocator (core/memory.py), made by the commands that generate and by
+``graft_cli.load(threads=...)``.
 
-A decoding step on a CPU is a few hundred short parallel regions (each linear layer is one), and every region
-ends when its slowest thread does. torch's OpenMP threads spin while they wait, so beside another busy process
-the one that got a core spins on it while its partner waits for a turn: on 2 cores, ``graft generate -n 48`` fell
-from 6.1 to 0.9 tokens/s beside one busy process. Threads that sleep while they wait (``OMP_WAIT_POLICY=PASSIVE``)
-hand the core back, so a busy neighbour costs about the share of the cores it takes (docs/cpu.md,
-"Threads on a busy machine"). OpenMP reads that variable once, when torch is imported, so the command line sets
-it before any import of torch, and only where the user has not set it; a program using graft as a library
+A decoding step on a CPU is a few hundred short parallel regions, and every region ends when its slowest thread
+does. libgomp's threads spin about 3 ms before they sleep, so beside another busy process the one that got a
+core spins on it while its partner waits for a turn: on 2 cores, ``graft generate -n 48`` fell from 6.1 to 0.9
+tokens/s beside one busy process. Threads that sleep at once pay a wake-up of tens of microseconds per region
+instead. So the command line makes them spin briefly (``GOMP_SPINCOUNT``, a thirtieth of libgomp's default),
+enough to carry a forward's back-to-back regions, and before any import of torch (OpenMP reads it once), only
+where the user has not chosen (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``); a program using graft as a library
 decides for itself.
 
-Within a forward of graft's own the threads fan out only where they pay: its operations run on one thread
-(:func:`serial`), and only the linear layers of a forward of many rows go back to all of them (:func:`fanned`),
-or its independent pieces of work run side by side, one thread each (:func:`spread`)."""
+Within graft's own forward the threads then take every operation while the machine is free, and only the work
+that pays for them while other processes crowd its cores (:func:`crowded`, core/neighbours.py): then the
+operations run on one thread (:func:`serial`) and only the linear layers of many rows or large weights go back to
+all of them (:func:`fanned`), or independent pieces of work run side by side, one thread each (:func:`spread`).
+A row's bits are the same either way (docs/cpu.md, "Threads within a forward")."""
 
 from __future__ import annotations
 
@@ -24,8 +27,9 @@ from functools import cache
 from typing import Callable, Iterator, Sequence, TypeVar
 
 from graft_cli.core.errors import GraftError
+from graft_cli.core.neighbours import Neighbours
 
-WAIT_POLICY = "PASSIVE"
+WAIT_SPINS = "10000"  # GOMP_SPINCOUNT: how long a waiting OpenMP thread spins before it sleeps (libgomp: 300,000)
 # a linear layer over fewer rows runs on one thread: below it the other threads' wake-ups cost more than their
 # share of the product (a 2-core Zen 4, bf16, the default model's linears: over 8 rows 0.91x one thread's speed,
 # over 16 1.22x, over 64 1.70x; docs/cpu.md)
@@ -59,10 +63,22 @@ def default_threads() -> int:
     return int(value) if value.isdigit() and int(value) > 0 else available_cores()
 
 
-def sleep_while_waiting() -> None:
-    """OpenMP threads that sleep, not spin, at the end of a parallel region (unless OMP_WAIT_POLICY is set).
-    Call before torch is imported: later it changes nothing."""
-    os.environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
+def wait_briefly() -> None:
+    """OpenMP threads that spin briefly, then sleep, at the end of a parallel region (unless the user set
+    ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``). Call before torch is imported: later it changes nothing."""
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", WAIT_SPINS)
+
+
+def crowded(now: float) -> bool:
+    """Whether a forward keeps its small operations on one thread, as of ``now`` (``time.monotonic()``): while
+    other processes crowd this process's cores, and always where the threads sleep as soon as they wait
+    (``OMP_WAIT_POLICY=PASSIVE``: a wake-up per region costs more than the second thread gives)."""
+    if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
+        return True
+    import torch
+
+    return _neighbours(os.getpid()).crowded(now, torch.get_num_threads())
 
 
 def use_threads(threads: int | None) -> int:
@@ -87,10 +103,11 @@ def serial(when: bool = True) -> Iterator[None]:
     """Run the block's torch operations on one intra-op thread (where ``when``), the linear layers inside it that
     :func:`fanned` wraps excepted; then restore the count.
 
-    Why: every parallel region wakes the sleeping threads (:func:`sleep_while_waiting`), tens of microseconds,
-    and ends when the slowest is done. A forward's norms, rotations, attention and cache copies are many small
-    operations: on two threads a 64-row forward's ran 3-5x slower than on one, a 512-row chunk's attention 4-7x.
-    The bits do not change with the count (tests/test_threads.py). Inside a compiled region nothing is switched."""
+    Why: every parallel region ends when its slowest thread is done, and a forward's norms, rotations, attention
+    and cache copies are many small operations: where a thread has lost its core to another process (or sleeps
+    at once between regions) they ran several times slower on two threads than on one (:func:`crowded`); a long
+    chunk's attention pieces run side by side instead (:func:`spread`). The bits do not change with the count
+    (tests/test_threads.py). Inside a compiled region nothing is switched."""
     import torch
 
     count = torch.get_num_threads()
@@ -109,8 +126,7 @@ def serial(when: bool = True) -> Iterator[None]:
 @contextmanager
 def fanned(when: bool = True) -> Iterator[None]:
     """Inside :func:`serial`: run the block on the threads ``serial`` left, where ``when`` (the work pays for
-    them: a linear layer as :func:`product_pays` says, fp32 attention over at least ``PARALLEL_SCORES``
-    scores); elsewhere nothing changes."""
+    them: a linear layer as :func:`product_pays` says); elsewhere nothing changes."""
     wide = _WIDE.get()
     if wide == 1 or not when:
         yield
@@ -122,6 +138,29 @@ def fanned(when: bool = True) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(1)
+
+
+@contextmanager
+def wide_only_if(pays: bool) -> Iterator[None]:
+    """Run the block on every thread the forward has where ``pays``, on one where not, whether the forward runs
+    its operations on one thread (:func:`serial`) or on all: for work whose bits depend on the thread count
+    (torch's fp32 attention splits a row's keys between threads), so that none depends on how crowded the
+    machine is."""
+    if _WIDE.get() > 1:  # inside serial(): widen where it pays
+        with fanned(pays):
+            yield
+        return
+    import torch
+
+    count = torch.get_num_threads()
+    if pays or count == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(count)
 
 
 def product_pays(rows: int, weight_bytes: int, large: int = PARALLEL_BYTES) -> bool:
@@ -143,6 +182,12 @@ def spread(work: Sequence[Callable[[], T]]) -> list[T]:
     if wide == 1 or len(work) < 2:
         return [piece() for piece in work]
     return list(_pool(wide, os.getpid()).map(lambda piece: piece(), work))
+
+
+@cache
+def _neighbours(process: int) -> Neighbours:
+    """This process's watch on its cores (made again in a forked child, whose counters are its own)."""
+    return Neighbours(frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset())
 
 
 @cache

@@ -20,6 +20,7 @@ bf16 too, tie for tie, however a prompt is split.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -27,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graft_cli.core.threads import PARALLEL_SCORES, SERIAL_ROWS, fanned, serial
+from graft_cli.core.threads import PARALLEL_SCORES, SERIAL_ROWS, crowded, serial, wide_only_if
 from graft_cli.models.attention import attend
-from graft_cli.models.invariant import Layout, invariant_rows, layout_for
+from graft_cli.models.invariant import PIECE, Layout, invariant_rows, layout_for
 from graft_cli.models.families import Family
 
 
@@ -113,10 +114,10 @@ class Attention(nn.Module):
         if layer is not None:  # the cache keeps the rows and hands back every key the rows may see
             k, v = layer.update(k, v)
         if layout is not None:  # a CPU's low-precision rows, each as plain decoding computes it
-            with serial():  # its operations are many and small at any row count (core/threads.py)
+            with serial(rows > PIECE):  # a chunk's pieces side by side, one thread each (core/threads.py)
                 out = invariant_rows(q, k, v, layout, self.scaling)
-        else:
-            with fanned(rows * k.shape[2] >= PARALLEL_SCORES):  # torch's kernels, which pay for threads
+        else:  # torch's kernels, which pay for threads over many scores, and whose bits depend on their count
+            with wide_only_if(rows * k.shape[2] >= PARALLEL_SCORES):
                 out = attend(q, k, v, mask, visible, self.scaling)
         return self.o_proj(out.transpose(1, 2).reshape(batch, rows, self.heads * self.head_dim))
 
@@ -188,8 +189,10 @@ class CausalLM(nn.Module):
         """transformers' keywords, those graft passes: ``attention_mask`` a 4D mask (additive or bool) over every
         key the rows see, or None for causal; ``cache`` a PositionCache (None or ``use_cache`` False: the rows see
         only each other); ``visible``: leading keys every row sees; ``logits_to_keep``: the last rows' logits
-        only (0: all). On a CPU it runs on one thread but for the linear layers of many rows (core/threads.py)."""
-        with serial(input_ids.device.type == "cpu" and input_ids.shape[1] < SERIAL_ROWS):
+        only (0: all). On a CPU its operations run on every thread while the machine is free, and on one but
+        for the linear layers that pay while other processes crowd its cores (core/threads.py)."""
+        switched = input_ids.device.type == "cpu" and not torch.compiler.is_compiling()  # nothing read there
+        with serial(switched and input_ids.shape[1] < SERIAL_ROWS and crowded(time.monotonic())):
             return self._forward(input_ids, position_ids, attention_mask, cache, use_cache, output_hidden_states,
                                  logits_to_keep, visible)
 

@@ -20,6 +20,7 @@ A row's bits are the same either way (docs/cpu.md, "Threads within a forward")."
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -83,7 +84,8 @@ def crowded(now: float) -> bool:
 
 def use_threads(threads: int | None) -> int:
     """Run torch's CPU work on ``threads`` threads (None: :func:`default_threads`), intra-op and, where torch
-    still allows it (before its first parallel work), inter-op; the count used."""
+    still allows it (before its first parallel work), inter-op; the count used. The watch on the cores takes its
+    first sample here, so that by the first forward after a model's load it has an interval to judge."""
     count = default_threads() if threads is None else threads
     if count < 1:
         raise GraftError(f"threads must be at least 1, got {count}")
@@ -95,6 +97,7 @@ def use_threads(threads: int | None) -> int:
             torch.set_num_interop_threads(count)
         except RuntimeError:  # torch has run inter-op work already: its pool keeps its size
             pass
+    crowded(time.monotonic())
     return count
 
 

@@ -44,6 +44,21 @@ class Output:
     hidden_states: tuple[torch.Tensor, ...] | None = None
 
 
+@dataclass(frozen=True)
+class Shared:
+    """What every layer of one forward reads alike, worked out once: the rotary tables ``cos``/``sin``, the
+    ``mask`` and the ``visible`` keys every row sees (:meth:`CausalLM.forward`), the low-precision rows'
+    ``layout`` (None: torch's kernels), and whether other processes ``crowded`` the cores when it began (its
+    small operations then on one thread, a long chunk's attention pieces side by side: core/threads.py)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    mask: torch.Tensor | None
+    visible: int | None
+    layout: Layout | None
+    crowded: bool
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm computed in fp32, as transformers' Llama does (then cast back and scaled)."""
 
@@ -105,20 +120,20 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(width, (self.heads + 2 * self.kv_heads) * self.head_dim, bias=family.qkv_bias(config))
         self.o_proj = nn.Linear(self.heads * self.head_dim, width, bias=family.out_bias(config))
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
-                layer: Any, visible: int | None, layout: Layout | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, shared: Shared, layer: Any) -> torch.Tensor:
         batch, rows, _ = x.shape
         qkv = self.qkv_proj(x).view(batch, rows, self.heads + 2 * self.kv_heads, self.head_dim).transpose(1, 2)
-        qk = rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)  # queries and keys rotate together
+        qk = rotate(qkv[:, : self.heads + self.kv_heads], shared.cos, shared.sin)  # queries and keys together
         q, k, v = qk[:, : self.heads], qk[:, self.heads :], qkv[:, self.heads + self.kv_heads :]
         if layer is not None:  # the cache keeps the rows and hands back every key the rows may see
             k, v = layer.update(k, v)
-        if layout is not None:  # a CPU's low-precision rows, each as plain decoding computes it
-            with serial(rows > PIECE):  # a chunk's pieces side by side, one thread each (core/threads.py)
-                out = invariant_rows(q, k, v, layout, self.scaling)
+        if shared.layout is not None:  # a CPU's low-precision rows, each as plain decoding computes it
+            # crowded, a chunk's pieces side by side, one thread each; free, each piece on every thread
+            with serial(shared.crowded and rows > PIECE):
+                out = invariant_rows(q, k, v, shared.layout, self.scaling)
         else:  # torch's kernels, which pay for threads over many scores, and whose bits depend on their count
             with wide_only_if(rows * k.shape[2] >= PARALLEL_SCORES):
-                out = attend(q, k, v, mask, visible, self.scaling)
+                out = attend(q, k, v, shared.mask, shared.visible, self.scaling)
         return self.o_proj(out.transpose(1, 2).reshape(batch, rows, self.heads * self.head_dim))
 
 
@@ -144,9 +159,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
-                layer: Any, visible: int | None, layout: Layout | None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, layer, visible, layout)
+    def forward(self, x: torch.Tensor, shared: Shared, layer: Any) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), shared, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -192,23 +206,24 @@ class CausalLM(nn.Module):
         only (0: all). On a CPU its operations run on every thread while the machine is free, and on one but
         for the linear layers that pay while other processes crowd its cores (core/threads.py)."""
         switched = input_ids.device.type == "cpu" and not torch.compiler.is_compiling()  # nothing read there
-        with serial(switched and input_ids.shape[1] < SERIAL_ROWS and crowded(time.monotonic())):
+        crowd = switched and crowded(time.monotonic())
+        with serial(crowd and input_ids.shape[1] < SERIAL_ROWS):
             return self._forward(input_ids, position_ids, attention_mask, cache, use_cache, output_hidden_states,
-                                 logits_to_keep, visible)
+                                 logits_to_keep, visible, crowd)
 
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
                  cache: Any, use_cache: bool, output_hidden_states: bool, logits_to_keep: int,
-                 visible: int | None) -> Output:
+                 visible: int | None, crowd: bool) -> Output:
         layers: Sequence[Any] = cache.layers if cache is not None and use_cache else [None] * len(self.model.layers)
         past = layers[0].get_seq_length() if layers[0] is not None else 0
         if position_ids is None:
             position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)[None]
         x = self.model.embed_tokens(input_ids)
-        layout = layout_for(x, attention_mask, visible, past)  # once for every layer
         cos, sin = self.rotary.tables(position_ids, x.dtype)
+        shared = Shared(cos, sin, attention_mask, visible, layout_for(x, attention_mask, visible, past), crowd)
         states = [x] if output_hidden_states else None
         for block, layer in zip(self.model.layers, layers):
-            x = block(x, cos, sin, attention_mask, layer, visible, layout)
+            x = block(x, shared, layer)
             if states is not None:
                 states.append(x)
         x = self.model.norm(x)

@@ -1,8 +1,8 @@
 """How much of this process's cores other processes are using: what decides whether a forward's small operations
 run on every thread or on one (graft_cli/core/threads.py).
 
-On a free machine a one-token step of the default model took 28 ms with every operation on both cores of a
-2-core Zen 4 against 33 ms with them on one: its hundreds of small operations split too, once the waiting threads
+On a free machine a one-token step of the default model took about 27 ms with every operation on both cores of a
+2-core Zen 4 against 32 ms with them on one: its hundreds of small operations split too, once the waiting threads
 spin a moment instead of sleeping. Beside one busy process the same steps fell to a fifth of their speed: a
 parallel region ends when its slowest thread does, and a thread that has lost its core to the neighbour stalls
 every region. So a forward spreads its operations only while the cores are free, and runs them on one thread

@@ -39,9 +39,9 @@ PARALLEL_ROWS = 16
 # same machine, bf16, packed, caches cold: 13.8M weights 1.18x one thread's speed, 27.5M 1.37x, the default model's
 # 576 x 49,152 LM head 1.39x; 3.5M 1.09x, 1.8M 0.66x)
 PARALLEL_BYTES = 16 << 20
-# fp32 attention (torch's kernels) over at least this many scores (rows x keys) runs on every thread: one row over
-# 4,000 keys took a step from 71 to 60 ms on two threads (bf16's row-invariant attention stays serial: its
-# operations are many and small)
+# fp32 attention (torch's kernels) over at least this many scores (rows x keys) runs on every thread, and over
+# fewer on one, free or crowded (its bits depend on the count): one row over 4,000 keys took a step from 71 to 60
+# ms on two threads (bf16's row-invariant attention, whose bits do not, follows the forward)
 PARALLEL_SCORES = 2048
 SERIAL_ROWS = 512  # a forward of fewer rows runs serially but for its linears; a whole prompt chunk does not
 _WIDE: ContextVar[int] = ContextVar("graft_wide_threads", default=1)  # the count an enclosing serial() left

@@ -152,18 +152,9 @@ def wide_only_if(pays: bool) -> Iterator[None]:
     if _WIDE.get() > 1:  # inside serial(): widen where it pays
         with fanned(pays):
             yield
-        return
-    import torch
-
-    count = torch.get_num_threads()
-    if pays or count == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(count)
+    else:  # a forward on every thread: narrow where it does not
+        with serial(not pays):
+            yield
 
 
 def product_pays(rows: int, weight_bytes: int, large: int = PARALLEL_BYTES) -> bool:

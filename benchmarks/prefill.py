@@ -54,16 +54,16 @@ def prefill_flops(config, tokens: int) -> tuple[float, float]:
     return linear, attention
 
 
-def gemm_ceiling(model: torch.nn.Module, rows: int, repeats: int = 7) -> float:
-    """The best fp32 FLOP/s on this CPU of the model's own linear layers (graft's packed oneDNN path, over
-    ``rows`` rows) and of ``torch.mm`` on a large square: an upper bound for every kernel of the prefill,
+def gemm_ceiling(model: torch.nn.Module, rows: int, repeats: int = 7, dtype: torch.dtype = torch.float32) -> float:
+    """The best FLOP/s on this CPU in ``dtype`` (the model's) of its own linear layers (graft's packed oneDNN path,
+    over ``rows`` rows) and of ``torch.mm`` on a large square: an upper bound for every kernel of the prefill,
     attention included."""
     calls = {}
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and module.out_features < 16384:  # not the LM head (one row)
-            x = torch.randn(rows, module.in_features)
+            x = torch.randn(rows, module.in_features).to(dtype)
             calls.setdefault((module.in_features, module.out_features), (module, x, 2.0 * rows * module.weight.numel()))
-    a = torch.randn(2048, 2048)
+    a = torch.randn(2048, 2048).to(dtype)
     calls["square"] = (lambda m: torch.mm(m, m), a, 2.0 * 2048**3)
     best = 0.0
     with torch.inference_mode():

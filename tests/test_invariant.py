@@ -1,6 +1,6 @@
-"""Row-invariant attention (graft_cli/models/invariant.py): a tree's or a chunk's row gets, bit for bit, what a
-one-row step at its position gets, close to fp32 attention; through the model, bf16 trees decode plain bf16
-decoding's tokens exactly."""
+"""Row-invariant attention (graft_cli/models/invariant.py), through graft's C++ kernel and through torch's path: a
+tree's or a chunk's row gets, bit for bit, what a one-row step at its position gets, close to fp32 attention;
+through the model, bf16 trees decode plain bf16 decoding's tokens exactly."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from graft_cli.core.cpu_units import CpuUnits
 from graft_cli.drafting.proposer import GraftProposer
 from graft_cli.models import own_model
 from graft_cli.models.config import plain_config
+from graft_cli.models import invariant
 from graft_cli.models.invariant import BLOCK, FEW_ROWS, invariant_rows, layout_for
 from graft_cli.runtime import cpu_linear
 from graft_cli.runtime.cpu_linear import use_cpu_linears
@@ -21,6 +22,17 @@ from tests.test_kv_cache import tokens
 from tests.tiny import VOCAB, OracleTreeProposer, tiny_model
 
 PARENTS = [-1, 0, 0, 1, 1, 2, 3, 3, 5, -1, 9]  # a tree of two roots; node i's parent (-1: the step's root)
+
+
+@pytest.fixture(params=["kernel", "torch"])
+def path(request, monkeypatch):
+    """Each test once through graft's C++ kernel (skipped where none is built: no AVX512-BF16 or no compiler) and
+    once through torch's operations."""
+    if request.param == "torch":
+        monkeypatch.setattr(invariant, "attention_kernel", lambda: None)
+    elif invariant.attention_kernel() is None:
+        pytest.skip("no attention kernel on this machine")
+    return request.param
 
 
 def layout(mask, rows: int, visible, past: int):
@@ -37,7 +49,7 @@ def ancestry(node: int) -> list[int]:
 
 @pytest.mark.parametrize("cached", [5, 64, 150, 1000, 4000])  # within a block, on its edge, past a few, long
 @pytest.mark.parametrize("given", ["visible", "mask only", "bool"])
-def test_a_tree_row_is_the_one_row_step_at_its_position(cached, given):
+def test_a_tree_row_is_the_one_row_step_at_its_position(cached, given, path):
     gen = torch.Generator().manual_seed(cached)
     rows, keys = len(PARENTS), cached + len(PARENTS)
     query, key, value = (torch.randn(1, h, n, 64, generator=gen).bfloat16()
@@ -60,7 +72,7 @@ def test_a_tree_row_is_the_one_row_step_at_its_position(cached, given):
 
 
 @pytest.mark.parametrize("rows", [12, 150])  # a step's few rows; a prompt's chunk, whose blocks add one by one
-def test_a_causal_chunks_rows_are_one_row_steps(rows):
+def test_a_causal_chunks_rows_are_one_row_steps(rows, path):
     gen = torch.Generator().manual_seed(rows)
     cached = 70
     query, key, value = (torch.randn(1, h, n, 32, generator=gen).bfloat16()
@@ -73,7 +85,7 @@ def test_a_causal_chunks_rows_are_one_row_steps(rows):
         assert torch.equal(alone, chunk[:, :, row : row + 1])
 
 
-def test_a_chunks_rows_do_not_depend_on_the_pieces_it_attends_in(monkeypatch):
+def test_a_chunks_rows_do_not_depend_on_the_pieces_it_attends_in(monkeypatch, path):
     """Past 4,096 keys a chunk attends in pieces of fewer rows (``PIECE_SPAN``): the same bits."""
     from graft_cli.models import invariant
 
@@ -110,11 +122,13 @@ def test_it_serves_a_cpus_low_precision_steps_prompts_and_few_rowed_trees():
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_bf16_trees_decode_exactly_the_tokens_of_plain_bf16_decoding(kind, tmp_path, monkeypatch):
+def test_bf16_trees_decode_exactly_the_tokens_of_plain_bf16_decoding(kind, tmp_path, monkeypatch, path):
     """The linears packed as graft loads a bf16 model where the CPU has bf16 units (their rows are invariant too:
-    tests/test_prompt_precision.py); the prompt split otherwise for each run, which changes no bit either."""
+    tests/test_prompt_precision.py); the prompt split otherwise for each run, which changes no bit either. Heads of
+    64 (two, sharing one key head), a size the kernel serves."""
     monkeypatch.setattr(cpu_linear, "cpu_units", lambda: CpuUnits("test", avx512_bf16=True))
-    reference = tiny_model(kind, seed=4, layers=3, max_position_embeddings=1024)
+    reference = tiny_model(kind, seed=4, layers=3, max_position_embeddings=1024, hidden_size=128,
+                           num_attention_heads=2, num_key_value_heads=1)
     folder = save_model_dir(tmp_path / kind, reference, word_tokenizer())
     model = own_model(plain_config(folder), folder, torch.bfloat16)  # as graft loads it: no transformers config
     use_cpu_linears(model, pack=True)
@@ -123,3 +137,28 @@ def test_bf16_trees_decode_exactly_the_tokens_of_plain_bf16_decoding(kind, tmp_p
     for seed in range(3):
         assert tokens(Target(model, chunk=17 + seed), OracleTreeProposer(truth, len(prompt), seed, "mixed"), prompt,
                       60) == truth
+
+
+@pytest.mark.parametrize("dim, heads, kv_heads", [(64, 9, 3), (128, 12, 2), (64, 14, 2)])  # SmolLM2, the Qwen pair
+def test_the_kernel_is_fp32_attention_rounded_once(dim, heads, kv_heads):
+    """The kernel keeps scores, softmax and sums in fp32: against fp32 attention it differs by about a bf16 rounding,
+    and it serves the head sizes and groupings of the catalog's models."""
+    if invariant.attention_kernel() is None:
+        pytest.skip("no attention kernel on this machine")
+    gen = torch.Generator().manual_seed(dim + heads)
+    rows, cached = 20, 300
+    query, key, value = (torch.randn(1, h, n, dim, generator=gen).bfloat16()
+                         for h, n in ((heads, rows), (kv_heads, cached + rows), (kv_heads, cached + rows)))
+    got = invariant.native_rows(query, key, value, layout(None, rows, None, cached), dim**-0.5)
+    mask = torch.ones(rows, cached + rows, dtype=torch.bool).tril(cached)
+    want = torch.nn.functional.scaled_dot_product_attention(query.float(), key.float(), value.float(),
+                                                            attn_mask=mask, scale=dim**-0.5, enable_gqa=True)
+    torch.testing.assert_close(got.float(), want, atol=4e-3, rtol=8e-3)
+
+
+def test_the_kernel_declines_what_it_has_no_code_for():
+    if invariant.attention_kernel() is None:
+        pytest.skip("no attention kernel on this machine")
+    query, key = torch.zeros(1, 2, 3, 32, dtype=torch.bfloat16), torch.zeros(1, 1, 10, 32, dtype=torch.bfloat16)
+    assert invariant.native_rows(query, key, key, layout(None, 3, None, 7), 0.1) is None  # heads of 32
+    assert invariant.native_rows(query.float(), key.float(), key.float(), layout(None, 3, None, 7), 0.1) is None

@@ -3,30 +3,39 @@ whether a step's, a tree's or a prompt chunk's, gets the bits plain decoding get
 is token-identical to bf16 ``ar``, not only up to floating-point ties, and a prompt gives the same rows however it
 is split: across ``--prefill-chunk`` values and between a prefix-cache hit and a cold request.
 
-Why torch's kernels are not: the flash kernel tiles a chunk's rows and its last partial tile rounds otherwise (a
-prompt split at another token changes the rows just before the split), and a tree row sees the cache and its
-ancestors among the tree's other (masked) keys, where plain decoding sees them packed. GEMMs and the softmax give
-a row the same bits whatever rows travel with it and whatever masked keys trail it, but not when zeros sit
-*between* its keys: the bf16 dot-product instructions add keys in pairs, and a gap moves a key into another pair.
-So each row's keys are laid out canonically, by position (the cache's, then its ancestors' in depth order, then
--inf up to a whole block), its scaled scores go through one softmax, and the probabilities meet the values in
-fixed blocks of ``BLOCK`` positions, one GEMM per block, summed in position order in fp64. A tree of more than
-``FEW_ROWS`` rows goes to SDPA, and its tokens are then plain decoding's up to floating-point ties.
+Where graft's C++ kernel is built (graft_cli/models/native.py: a CPU with AVX512-BF16 and a C++ compiler), it
+serves every bf16 row (:func:`native_rows`): one row with the query heads of its key head, start to end in one
+thread, its keys in canonical order (the cache's, then a tree row's ancestors by depth, then itself), in fp32
+until the output. Elsewhere the torch operations below serve; the two round differently, and a process takes one
+of them for all its rows, so either keeps the contract.
 
-What it costs, measured (docs/models.md, "Precision on a CPU"): a step's attention over 4,000 keys takes 0.5 ms a
-layer against 3.9 through the flash kernel; a bf16 prompt's prefill 0.84x to 0.92x of the flash kernel's time at
-500 to 4,000 tokens. tests/test_invariant.py checks the bits.
+Why torch's own kernels are not invariant: the flash kernel tiles a chunk's rows and its last partial tile rounds
+otherwise (a prompt split at another token changes the rows just before the split), and a tree row sees the cache
+and its ancestors among the tree's other (masked) keys, where plain decoding sees them packed. GEMMs and the softmax
+give a row the same bits whatever rows travel with it and whatever masked keys trail it, but not when zeros sit
+*between* its keys: the bf16 dot-product instructions add keys in pairs, and a gap moves a key into another pair. So
+each row's keys are laid out canonically, by position (the cache's, then its ancestors' in depth order, then -inf up
+to a whole block), its scaled scores go through one softmax, and the probabilities meet the values in fixed blocks
+of ``BLOCK`` positions, one GEMM per block, summed in position order in fp64. A tree of more than ``FEW_ROWS`` rows
+goes to SDPA, and its tokens are then plain decoding's up to floating-point ties.
+
+What the torch path costs, measured (docs/models.md, "Precision on a CPU"): a step's attention over 4,000 keys takes
+0.5 ms a layer against 3.9 through the flash kernel; a bf16 prompt's prefill 0.84x to 0.92x of the flash kernel's
+time at 500 to 4,000 tokens; the C++ kernel's, docs/cpu.md. tests/test_invariant.py checks the bits of both.
 """
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from graft_cli.core.threads import spread
+from graft_cli.core.threads import PARALLEL_ROWS, fanned, spread
+from graft_cli.models import native
 
 BLOCK = 64  # positions per values GEMM
 FEW_ROWS = 64  # a tree's rows up to which a forward takes this path
@@ -77,6 +86,9 @@ def invariant_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     the bits of the fp32 softmax rounded, whatever -inf trails it, but only over whole vectors (a shorter tail
     goes through a scalar exp): whole blocks are, and it takes a third of the time of converting to fp32 and
     back (tests/test_invariant.py holds torch to it). Returns ``[1, heads, rows, dim]``."""
+    served = native_rows(query, key, value, layout, scaling)
+    if served is not None:
+        return served
     if layout.columns is None:
         return causal_rows(query, key, value, scaling)
     _, heads, rows, dim = query.shape
@@ -94,6 +106,45 @@ def invariant_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     probs = torch.softmax(canon, dim=-1)  # [kv_heads, groups, rows, canonical keys]
     blocks = tree_blocks(probs, value[0], layout)  # [kv_heads, groups, rows, blocks, dim]
     return in_order(blocks, 3).to(query.dtype).reshape(1, heads, rows, dim)
+
+
+def native_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: Layout,
+                scaling: float) -> torch.Tensor | None:
+    """:func:`invariant_rows` through graft's C++ kernel (graft_cli/models/kernels/attention.cpp): each row
+    start to end in one thread, in its keys' canonical order, in fp32 until the output, on every thread the
+    forward has; or None where the kernel does not serve (not bf16, no kernel built here, a head size or
+    grouping it has no code for), and then torch's path serves every row of the process alike."""
+    kernel = attention_kernel() if query.dtype == torch.bfloat16 else None
+    if kernel is None or key.stride(-1) != 1 or key.stride(-2) != key.shape[-1]:
+        return None
+    _, heads, rows, dim = query.shape
+    if layout.columns is None:  # row i sees every key up to its own
+        shared = torch.arange(key.shape[2] - rows + 1, key.shape[2] + 1)
+        own, counts = torch.zeros(rows, 1, dtype=torch.int64), torch.zeros(rows, dtype=torch.int64)
+    else:
+        shared = torch.full((rows,), layout.shared, dtype=torch.int64)
+        own, counts = layout.columns.contiguous(), layout.valid.sum(1)
+    q, out = query[0].contiguous(), torch.empty(heads, rows, dim, dtype=query.dtype)
+    k, v = key[0], value[0]
+    with fanned(rows >= PARALLEL_ROWS):  # crowded, many rows still take every thread (core/threads.py)
+        failed = kernel(q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), v.data_ptr(),
+                        v.stride(0), shared.data_ptr(), own.data_ptr(), own.shape[1], counts.data_ptr(), k.shape[0],
+                        rows, heads // k.shape[0], dim, scaling, out.data_ptr(), torch.get_num_threads())
+    return None if failed else out[None]
+
+
+@cache
+def attention_kernel() -> Callable[..., int] | None:
+    """The kernel's entry point, its C signature declared (attention.cpp's ``graft_attend``), or None."""
+    library = native.library("attention")
+    if library is None:
+        return None
+    kernel = library.graft_attend
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    kernel.argtypes = [pointer, size, size, pointer, size, pointer, size, pointer, pointer, size, pointer, size,
+                       size, size, size, ctypes.c_float, pointer, ctypes.c_int]
+    kernel.restype = ctypes.c_int
+    return kernel
 
 
 def causal_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:

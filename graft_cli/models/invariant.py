@@ -3,11 +3,11 @@ whether a step's, a tree's or a prompt chunk's, gets the bits plain decoding get
 is token-identical to bf16 ``ar``, not only up to floating-point ties, and a prompt gives the same rows however it
 is split: across ``--prefill-chunk`` values and between a prefix-cache hit and a cold request.
 
-Where graft's C++ kernel is built (graft_cli/models/native.py: a CPU with AVX512-BF16 and a C++ compiler), it
-serves every bf16 row (:func:`native_rows`): one row with the query heads of its key head, start to end in one
-thread, its keys in canonical order (the cache's, then a tree row's ancestors by depth, then itself), in fp32
-until the output. Elsewhere the torch operations below serve; the two round differently, and a process takes one
-of them for all its rows, so either keeps the contract.
+Where graft's C++ kernel is built (graft_cli/models/native.py: a CPU with AVX512-BF16 and a C++ compiler), it serves
+every bf16 row (:func:`native_rows`): a few rows with the query heads of their key head, start to end in one thread,
+each row's keys in canonical order (the cache's, then a tree row's ancestors by depth, then itself), scores and
+softmax in fp32: several times closer to fp32 attention than the torch path. Elsewhere the torch operations below
+serve; the two round differently, and a process takes one of them for all its rows, so either keeps the contract.
 
 Why torch's own kernels are not invariant: the flash kernel tiles a chunk's rows and its last partial tile rounds
 otherwise (a prompt split at another token changes the rows just before the split), and a tree row sees the cache
@@ -110,10 +110,10 @@ def invariant_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
 
 def native_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: Layout,
                 scaling: float) -> torch.Tensor | None:
-    """:func:`invariant_rows` through graft's C++ kernel (graft_cli/models/kernels/attention.cpp): each row
-    start to end in one thread, in its keys' canonical order, in fp32 until the output, on every thread the
-    forward has; or None where the kernel does not serve (not bf16, no kernel built here, a head size or
-    grouping it has no code for), and then torch's path serves every row of the process alike."""
+    """:func:`invariant_rows` through graft's C++ kernel (graft_cli/models/kernels/attention.cpp): each row in
+    its keys' canonical order, in one thread, the rows spread over every thread the forward has; or None where
+    the kernel does not serve (not bf16, no kernel built here, a head size or grouping it has no code for), and
+    then torch's path serves every row of the process alike."""
     kernel = attention_kernel() if query.dtype == torch.bfloat16 else None
     if kernel is None or key.stride(-1) != 1 or key.stride(-2) != key.shape[-1]:
         return None

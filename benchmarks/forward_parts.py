@@ -1,6 +1,6 @@
-"""Where one forward of graft's own model spends its time, by kind of work: the linear layers, attention's
-matrix products, its softmax, copies and sums, and the rest (Python and small operations), beside the floor this
-machine sets it. What holds a step, a tree and a long chunk above that floor.
+"""Where one forward of graft's own model spends its time, by kind of work: the linear layers, graft's attention
+kernel (where it serves) or attention's matrix products and softmax, copies and sums, and the rest (Python and
+small operations), beside the floor this machine sets it. What holds a step, a tree and a long chunk above it.
 
     python -m benchmarks.forward_parts [--model smollm2-135m-instruct] [--dtype bfloat16] [--context 3500]
                                        [--shapes step,tree:7,chunk:512] [--threads N]
@@ -20,24 +20,39 @@ import argparse
 import time
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from graft_cli.core.cpu_units import cpu_units
 from graft_cli.core.memory import reuse_freed_memory
 from graft_cli.core.threads import available_cores
-from graft_cli.models import decoder
+from graft_cli.models import decoder, invariant
 from graft_cli.runtime.kv_cache import PositionCache
 from graft_cli.runtime.loading import load_model
 
 from benchmarks.prefill import gemm_ceiling, prefill_flops
 
+KERNEL = "graft attention kernel"  # graft's C++ kernel, which torch's profiler sees only as marked
 PARTS = {  # torch's operator names -> the kind of work they are
     "linear layers": ("mkldnn::_linear_pointwise", "aten::linear", "aten::addmm", "aten::mm"),
+    "attention kernel": (KERNEL,),
     "attention products": ("aten::bmm", "aten::matmul"),
     "softmax": ("aten::_softmax",),
     "copies and sums": ("aten::copy_", "aten::add_", "aten::cumsum", "aten::constant_pad_nd", "aten::cat",
                         "aten::fill_", "aten::gather", "aten::masked_fill_"),
 }
+
+
+def mark_the_kernel() -> None:
+    """Make graft's attention kernel, where it serves, visible to torch's profiler as ``KERNEL``."""
+    kernel = invariant.attention_kernel()
+    if kernel is None:
+        return
+
+    def marked(*args):
+        with record_function(KERNEL):
+            return kernel(*args)
+
+    invariant.attention_kernel = lambda: marked
 
 
 def stream_rate(megabytes: int = 512) -> float:
@@ -113,11 +128,12 @@ def main() -> None:
     reuse_freed_memory()
     torch.set_num_threads(args.threads or available_cores())
     decoder.crowded = lambda now: False  # as on a free machine: every operation on every thread
+    mark_the_kernel()
     model = load_model(args.model, device="cpu", dtype=args.dtype, forward="own").model
     dtype = next(model.parameters()).dtype
     config = model.config
     with torch.inference_mode():
-        rate, stream = gemm_ceiling(model, rows=512, repeats=3, dtype=dtype) / 2, stream_rate()
+        rate, stream = gemm_ceiling(model, rows=512, dtype=dtype) / 2, stream_rate()
     shapes = [(s.split(":")[0], int(s.split(":")[1]) if ":" in s else 1) for s in args.shapes.split(",")]
     most = max(rows for _, rows in shapes)
     cache = PositionCache(len(model.model.layers))

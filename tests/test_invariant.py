@@ -162,3 +162,16 @@ def test_the_kernel_declines_what_it_has_no_code_for():
     query, key = torch.zeros(1, 2, 3, 32, dtype=torch.bfloat16), torch.zeros(1, 1, 10, 32, dtype=torch.bfloat16)
     assert invariant.native_rows(query, key, key, layout(None, 3, None, 7), 0.1) is None  # heads of 32
     assert invariant.native_rows(query.float(), key.float(), key.float(), layout(None, 3, None, 7), 0.1) is None
+
+
+def test_the_kernel_reads_keys_in_any_layout_alike():
+    """A forward without a cache hands over its keys as a view of the projections, not the cache's layout."""
+    if invariant.attention_kernel() is None:
+        pytest.skip("no attention kernel on this machine")
+    gen = torch.Generator().manual_seed(5)
+    query = torch.randn(1, 6, 9, 64, generator=gen).bfloat16()
+    packed = torch.randn(1, 9, 4, 64, generator=gen).bfloat16()  # [batch, rows, kv heads * 2, dim]
+    key, value = packed[:, :, :2].transpose(1, 2), packed[:, :, 2:].transpose(1, 2)
+    got = invariant.native_rows(query, key, value, layout(None, 9, None, 0), 0.125)
+    assert torch.equal(got, invariant.native_rows(query, key.contiguous(), value.contiguous(),
+                                                  layout(None, 9, None, 0), 0.125))

@@ -115,7 +115,7 @@ def native_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lay
     the kernel does not serve (not bf16, no kernel built here, a head size or grouping it has no code for), and
     then torch's path serves every row of the process alike."""
     kernel = attention_kernel() if query.dtype == torch.bfloat16 else None
-    if kernel is None or key.stride(-1) != 1 or key.stride(-2) != key.shape[-1]:
+    if kernel is None:
         return None
     _, heads, rows, dim = query.shape
     if layout.columns is None:  # row i sees every key up to its own
@@ -125,7 +125,8 @@ def native_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lay
         shared = torch.full((rows,), layout.shared, dtype=torch.int64)
         own, counts = layout.columns.contiguous(), layout.valid.sum(1)
     q, out = query[0].contiguous(), torch.empty(heads, rows, dim, dtype=query.dtype)
-    k, v = key[0], value[0]
+    # each key's values side by side, as the cache keeps them (a forward without a cache: copied so)
+    k, v = (t[0] if t.stride(-1) == 1 and t.stride(-2) == dim else t[0].contiguous() for t in (key, value))
     with fanned(rows >= PARALLEL_ROWS):  # crowded, many rows still take every thread (core/threads.py)
         failed = kernel(q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), v.data_ptr(),
                         v.stride(0), shared.data_ptr(), own.data_ptr(), own.shape[1], counts.data_ptr(), k.shape[0],

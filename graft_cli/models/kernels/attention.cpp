@@ -9,7 +9,6 @@
 // tree's node or a chunk's row: what lets bf16 graft give bf16 plain decoding's tokens. Scores and softmax are
 // fp32; the weights meet the values in bf16 pairs with fp32 sums, as a bf16 matrix product does.
 #include <immintrin.h>
-#include <omp.h>
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
@@ -17,11 +16,6 @@
 #include <vector>
 
 namespace {
-
-inline __m512 widen(const uint16_t* p) {  // 16 bf16 values as fp32, exactly
-  __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
 
 inline __m512 exp_below_zero(__m512 x) {  // e^x for x <= 0 as 2^n * e^r, |r| <= ln(2)/2, a degree-7 polynomial in r
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
@@ -116,7 +110,7 @@ struct Row {  // where one row's keys are: the first `shared` of the cache, then
 };
 
 // One row's G query heads after their scores: the softmax (each head's sum lane by lane, key j into lane j % 16:
-// the keys' own order), then the values key after key, each read once for the G heads, then the output.
+// the keys' own order), then the values two keys at a time, each pair read once for the G heads, then the output.
 template <int D, int G>
 void finish_row(const uint16_t* v, const Row& row, float* scores, int64_t stride, uint16_t* out, int64_t q_head) {
   constexpr int C = D / 16;
@@ -158,8 +152,8 @@ void finish_row(const uint16_t* v, const Row& row, float* scores, int64_t stride
     const uint16_t* second = j + 1 < n ? v + row.key(j + 1) * D : zeros;
     __m512bh values[C];
     for (int c = 0; c < C; ++c) {
-      const __m512i low = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(first + c * 16)));
-      const __m512i high = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(second + c * 16)));
+      const __m512i low = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(first) + c));
+      const __m512i high = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(second) + c));
       values[c] = (__m512bh)_mm512_or_si512(low, _mm512_slli_epi32(high, 16));
     }
     for (int g = 0; g < G; ++g) {

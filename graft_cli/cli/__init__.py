@@ -67,7 +67,7 @@ def _terminated(signum: int, frame: object) -> None:
 def _sweep() -> None:
     """Remove what graft processes killed outright (SIGKILL, a power cut) left behind: pull work dirs under
     GRAFT_HOME/tmp, store build temporaries and locks under GRAFT_HOME/datastores, half-written files of GRAFT_HOME
-    itself (the GGUF index) and of its profiles. Those of live processes stay."""
+    itself (the GGUF index), of its profiles and of its kernels. Those of live processes stay."""
     from datastores.atomic import clean_stale_tmp, sweep
     from graft_cli.catalog.home import clean_stale_tmp as clean_pull_dirs
     from graft_cli.catalog.home import graft_home
@@ -75,7 +75,7 @@ def _sweep() -> None:
     try:
         clean_pull_dirs()
         sweep(graft_home() / "datastores")
-        for directory in (graft_home(), graft_home() / "profiles"):
+        for directory in (graft_home(), graft_home() / "profiles", graft_home() / "kernels"):
             clean_stale_tmp(directory)
     except OSError:
         pass  # a GRAFT_HOME we cannot read is the command's own problem to report

@@ -21,10 +21,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from functools import cache
 from pathlib import Path
 
+from datastores.atomic import atomic_file
 from graft_cli.catalog.home import graft_home
 from graft_cli.core.cpu_units import cpu_units
 
@@ -61,19 +61,14 @@ def library(name: str) -> ctypes.CDLL | None:
 
 
 def build(compiler: str, source: Path, path: Path) -> None:
-    """Compile ``source`` into ``path``: into a temporary file beside it first, then renamed (a build cut short
-    leaves nothing a later process could load half-written)."""
+    """Compile ``source`` into ``path`` through a temporary file beside it, renamed when complete
+    (``datastores/atomic.py``): a build cut short leaves nothing a later process could load half-written, and the
+    next graft command removes what a killed one left."""
     path.parent.mkdir(parents=True, exist_ok=True)
     print(f"graft: building its {source.stem} kernel for this CPU (once, into {path.parent})", file=sys.stderr)
-    handle, scratch = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".so", dir=path.parent)
-    os.close(handle)
-    try:
-        done = subprocess.run([compiler, *FLAGS, str(source), "-o", scratch], capture_output=True, text=True,
+    with atomic_file(path) as scratch:
+        done = subprocess.run([compiler, *FLAGS, str(source), "-o", str(scratch)], capture_output=True, text=True,
                               timeout=BUILD_SECONDS)
         if done.returncode != 0:
             lines = (done.stderr or done.stdout).strip().splitlines()
             raise subprocess.SubprocessError(lines[0] if lines else f"{compiler} exited {done.returncode}")
-        os.replace(scratch, path)
-    finally:
-        if os.path.exists(scratch):
-            os.unlink(scratch)

@@ -33,6 +33,9 @@ inline __m512 exp_below_zero(__m512 x) {  // e^x for x <= 0 as 2^n * e^r, |r| <=
   return _mm512_scalef_ps(_mm512_add_ps(y, _mm512_set1_ps(1.0f)), n);
 }
 
+template <int D>
+alignas(64) const uint16_t ZEROS[D] = {};  // a key past a row's last: zero values, zero scores
+
 inline __mmask16 lanes(int64_t left) { return left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1); }
 
 // A 16x16 block of 32-bit elements transposed: out[c] lane i = rows[i] lane c (four stages of shuffles).
@@ -79,12 +82,11 @@ template <int D>
 void sixteen_keys(const uint16_t* const* keys, const uint16_t* queries, int count, float scale, float* scores,
                   int64_t stride) {
   constexpr int PAIRS = D / 2;
-  static const uint16_t zeros[D] = {};
   alignas(64) __m512i pairs[PAIRS];
   for (int block = 0; block < PAIRS / 16; ++block) {
     __m512i rows[16];
     for (int i = 0; i < 16; ++i)
-      rows[i] = _mm512_loadu_si512((keys[i] ? keys[i] : zeros) + block * 32);
+      rows[i] = _mm512_loadu_si512((keys[i] ? keys[i] : ZEROS<D>) + block * 32);
     transpose16(rows, pairs + block * 16);
   }
   int i = 0;
@@ -146,10 +148,9 @@ void finish_row(const uint16_t* v, const Row& row, float* scores, int64_t stride
   __m512 acc[G][C];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < C; ++c) acc[g][c] = _mm512_setzero_ps();
-  static const uint16_t zeros[D] = {};
   for (int64_t j = 0; j < n; j += 2) {
     const uint16_t* first = v + row.key(j) * D;
-    const uint16_t* second = j + 1 < n ? v + row.key(j + 1) * D : zeros;
+    const uint16_t* second = j + 1 < n ? v + row.key(j + 1) * D : ZEROS<D>;
     __m512bh values[C];
     for (int c = 0; c < C; ++c) {
       const __m512i low = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(first) + c));
